@@ -1,0 +1,111 @@
+"""The app factory and its lifespan."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from proxy.dependencies import Services
+from proxy.errors import ProxyError, envelope
+from proxy.metrics import Metrics
+from proxy.middleware import Accounting, ApiKeys, InFlightLimit
+from proxy.routes import router
+from proxy.settings import Settings
+from proxy.tokens import build_counter
+from proxy.upstream import ContextWindows, Upstream
+
+log = logging.getLogger("trimproxy")
+
+_JSON = "application/json"
+
+
+def create_app(settings: Settings | None = None, metrics: Metrics | None = None) -> FastAPI:
+    settings = settings if settings is not None else Settings()
+    metrics = metrics if metrics is not None else Metrics()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        upstream = Upstream(settings)
+        try:
+            counter = await build_counter(settings, upstream.session)
+        except BaseException:
+            await upstream.aclose()
+            raise
+        app.state.services = Services(
+            settings=settings,
+            metrics=metrics,
+            upstream=upstream,
+            windows=ContextWindows(upstream),
+            counter=counter,
+            sessions=None,
+            pass_auth=not settings.api_key_set and not settings.upstream_api_key,
+        )
+        log.info("trimproxy ready: upstream %s, tokenizer %s", settings.upstream_url, counter.name)
+        try:
+            yield
+        finally:
+            await counter.aclose()
+            await upstream.aclose()
+
+    app = FastAPI(
+        title="trimproxy",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    app.include_router(router)
+    app.add_exception_handler(ProxyError, _proxy_error)  # type: ignore[arg-type]
+    app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
+    app.add_exception_handler(Exception, _unexpected)
+    # Added innermost first: Accounting sees every answer, the 401s and 429s too.
+    if settings.max_in_flight:
+        app.add_middleware(InFlightLimit, limit=settings.max_in_flight)
+    if settings.api_key_set:
+        app.add_middleware(ApiKeys, keys=settings.api_key_set)
+    app.add_middleware(Accounting, metrics=metrics)
+    return app
+
+
+def app_from_env() -> FastAPI:
+    """Factory for ``uvicorn --factory`` in multi-worker mode: settings from the env."""
+    return create_app()
+
+
+async def _proxy_error(request: Request, exc: ProxyError) -> Response:
+    return Response(exc.body(), status_code=exc.status, media_type=_JSON, headers=exc.headers)
+
+
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    if exc.status_code == 404:
+        body = envelope(
+            f"No route {request.url.path}. The proxy serves /v1/* and /tokenize, "
+            "and /healthz, /readyz, /metrics.",
+            "invalid_request_error",
+            "not_found",
+        )
+    elif exc.status_code == 405:
+        body = envelope(
+            f"{request.method} is not allowed on {request.url.path}.",
+            "invalid_request_error",
+            "method_not_allowed",
+        )
+    else:
+        body = envelope(str(exc.detail), "invalid_request_error", "http_error")
+    return Response(body, status_code=exc.status_code, media_type=_JSON, headers=exc.headers)
+
+
+async def _unexpected(request: Request, exc: Exception) -> Response:
+    log.exception("unexpected error on %s %s", request.method, request.url.path)
+    body = envelope(
+        "The proxy failed on this request. It was logged; retry, and report it if it persists.",
+        "server_error",
+        "internal_error",
+    )
+    return Response(body, status_code=500, media_type=_JSON)

@@ -1,0 +1,103 @@
+"""Parsing and checking a chat-completions request body.
+
+Only the fields trimming needs are checked; every other field passes through
+untouched, unknown ones included. The body stays a plain dict: no pydantic model
+on the hot path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from proxy.errors import InvalidRequest
+from proxy.types import JSONObject, Message
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRequest:
+    body: JSONObject
+    messages: list[Message]
+    model: str | None
+    max_tokens: int | None
+    stream: bool
+    tools: list[JSONObject] | None
+    user: str | None
+
+
+def _optional_int(body: JSONObject, name: str) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidRequest(f"'{name}' must be a positive integer or null.", param=name)
+    return value
+
+
+def parse_chat(raw: bytes) -> ChatRequest:
+    try:
+        body: Any = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(
+            f"The request body is not valid JSON (error at byte {exc.pos}). "
+            "Send a JSON object with 'model' and 'messages'.",
+            param=None,
+        ) from exc
+    if not isinstance(body, dict):
+        raise InvalidRequest("The request body must be a JSON object.", param=None)
+    messages = body.get("messages")
+    if messages is None:
+        raise InvalidRequest("'messages' is required.", param="messages")
+    if not isinstance(messages, list):
+        raise InvalidRequest("'messages' must be a list of message objects.", param="messages")
+    if not messages:
+        raise InvalidRequest("'messages' must hold at least one message.", param="messages")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise InvalidRequest(f"messages[{i}] must be an object.", param="messages")
+        if not isinstance(message.get("role"), str):
+            raise InvalidRequest(f"messages[{i}] has no 'role' string.", param="messages")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise InvalidRequest("'model' must be a string.", param="model")
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise InvalidRequest("'stream' must be true or false.", param="stream")
+    tools = body.get("tools")
+    if tools is not None and not (
+        isinstance(tools, list) and all(isinstance(t, dict) for t in tools)
+    ):
+        raise InvalidRequest("'tools' must be a list of tool objects.", param="tools")
+    user = body.get("user")
+    # max_completion_tokens is the newer name; when both are given it is the one
+    # OpenAI and vLLM honour.
+    max_tokens = _optional_int(body, "max_completion_tokens") or _optional_int(body, "max_tokens")
+    return ChatRequest(
+        body=body,
+        messages=messages,
+        model=model,
+        max_tokens=max_tokens,
+        stream=bool(stream),
+        tools=tools or None,
+        user=user if isinstance(user, str) and user else None,
+    )
+
+
+def with_messages(request: ChatRequest, messages: list[Message]) -> bytes:
+    """The body to forward after trimming: the same object, fewer messages."""
+    body = dict(request.body)
+    body["messages"] = messages
+    return orjson.dumps(body)
+
+
+def usage_prompt_tokens(body: bytes) -> int | None:
+    """``usage.prompt_tokens`` of a non-streaming answer, if it has one."""
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    usage = parsed.get("usage") if isinstance(parsed, dict) else None
+    tokens = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+    return tokens if isinstance(tokens, int) else None

@@ -1,0 +1,224 @@
+"""Thin handlers: parse, session, budget, count, trim, forward.
+
+The handlers take Starlette requests and return responses directly: FastAPI's
+body validation would parse every message into models, which the hot path avoids.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import aiohttp
+from fastapi import APIRouter, Request
+from starlette.responses import JSONResponse, Response
+
+from proxy.chat import ChatRequest, parse_chat, usage_prompt_tokens, with_messages
+from proxy.dependencies import Services, services
+from proxy.errors import ContextLengthExceeded, ProxyError, RequestTooLarge
+from proxy.metrics import CONTENT_TYPE
+from proxy.trimming import TrimPolicy, TrimResult, trim
+from proxy.types import PromptCount
+from proxy.upstream import Relay, request_headers
+
+router = APIRouter()
+
+CHAT_PATH = "/v1/chat/completions"
+# A non-streaming answer up to this size is kept to compare usage with the count.
+_USAGE_CAPTURE_BYTES = 1 << 20
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _too_large(int(declared), limit)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(size, limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(size: int, limit: int) -> RequestTooLarge:
+    return RequestTooLarge(
+        f"The request body is {size} bytes or more; this proxy accepts at most {limit} "
+        "bytes (TRIMPROXY_MAX_BODY_BYTES). Send less history or raise the limit.",
+        param="messages",
+    )
+
+
+async def budget_for(svc: Services, chat: ChatRequest) -> int | None:
+    """``min(max_prompt_tokens, context_window - reserve)``; None when unbounded."""
+    settings = svc.settings
+    reserve = chat.max_tokens or settings.default_completion_reserve
+    window = settings.context_window
+    if window is None and chat.model is not None:
+        window = await svc.windows.get(chat.model)
+    limits = [settings.max_prompt_tokens] if settings.max_prompt_tokens else []
+    if window is not None:
+        if window - reserve < 1:
+            raise ContextLengthExceeded(
+                f"max_tokens of {reserve} leaves no room for a prompt in the model's "
+                f"context window of {window} tokens. Ask for fewer completion tokens.",
+                param="max_tokens" if chat.max_tokens else None,
+            )
+        limits.append(window - reserve)
+    return min(limits) if limits else None
+
+
+async def fit(
+    svc: Services, chat: ChatRequest, count: PromptCount, policy: TrimPolicy, history_start: int
+) -> tuple[TrimResult, int]:
+    """Trim, and prove the result fits: returns the result and the forwarded count.
+
+    A counter whose per-message split is not additive for every subset (the chat
+    template renders a message differently by position) gets the kept list recounted;
+    when that is over the budget, the budget is tightened by the excess and trimmed
+    again, so the budget is a guarantee, not an estimate.
+    """
+    result = trim(chat.messages, count, policy, history_start=history_start)
+    if svc.counter.additive or len(result.kept) == len(chat.messages) or policy.budget is None:
+        return result, result.tokens
+    budget = policy.budget
+    tightened = policy
+    for _ in range(4):
+        kept = [chat.messages[i] for i in result.kept]
+        actual = (await svc.counter.count(kept, tools=chat.tools, model=chat.model)).total
+        if actual <= budget:
+            return result, actual
+        tightened = replace(
+            tightened, budget=(tightened.budget or budget) - (actual - result.tokens)
+        )
+        try:
+            result = trim(chat.messages, count, tightened, history_start=history_start)
+        except ContextLengthExceeded as exc:
+            raise ContextLengthExceeded(
+                f"This conversation needs {actual} prompt tokens even after trimming, but the "
+                f"budget is {budget} tokens. Shorten the last message or the system prompt.",
+                param="messages",
+            ) from exc
+    raise ContextLengthExceeded(
+        f"The prompt could not be brought under the budget of {budget} tokens.", param="messages"
+    )
+
+
+@router.post(CHAT_PATH)
+async def chat_completions(request: Request) -> Response:
+    svc = services(request)
+    settings = svc.settings
+    metrics = svc.metrics
+    raw = await read_body(request, settings.max_body_bytes)
+    chat = parse_chat(raw)
+
+    history_start = 0
+    extra: dict[str, str] = {}
+    if svc.sessions is not None:
+        admission = await svc.sessions.admit(request, chat)
+        history_start = admission.history_start
+        extra.update(admission.headers)
+
+    budget = await budget_for(svc, chat)
+    count = await svc.counter.count(chat.messages, tools=chat.tools, model=chat.model)
+    metrics.prompt_tokens.labels("received").observe(count.total)
+    policy = TrimPolicy(
+        budget=budget,
+        target=settings.trim_target,
+        max_history_turns=settings.max_history_turns,
+        pin_first_user=settings.pin_first_user,
+    )
+    result, forwarded_tokens = await fit(svc, chat, count, policy, history_start)
+    dropped = result.dropped(len(chat.messages))
+    if dropped:
+        body = with_messages(chat, [chat.messages[i] for i in result.kept])
+        metrics.trimmed_messages.inc(dropped)
+        metrics.trimmed_tokens.inc(max(0, count.total - forwarded_tokens))
+        metrics.trim_events.labels(result.reason or "budget").inc()
+    else:
+        body = raw  # nothing trimmed: the client's bytes, unchanged
+    metrics.prompt_tokens.labels("forwarded").observe(forwarded_tokens)
+    extra["x-trimproxy-prompt-tokens"] = str(forwarded_tokens)
+    extra["x-trimproxy-trimmed-messages"] = str(dropped)
+
+    headers = request_headers(request.scope["headers"], settings, keep_client_auth=svc.pass_auth)
+    headers["content-type"] = "application/json"
+    started = time.perf_counter()
+    upstream = await open_upstream(svc, "POST", CHAT_PATH, headers, body)
+
+    def on_end(complete: bool, captured: bytes | None) -> None:
+        if captured is not None and upstream.status == 200:
+            usage = usage_prompt_tokens(captured)
+            if usage is not None:
+                metrics.estimate_error.observe(forwarded_tokens - usage)
+
+    return Relay(
+        upstream,
+        extra,
+        on_error=lambda kind: metrics.upstream_errors.labels(kind).inc(),
+        on_end=on_end,
+        on_first_byte=lambda: metrics.upstream_ttfb.labels(CHAT_PATH).observe(
+            time.perf_counter() - started
+        ),
+        capture_limit=0 if chat.stream else _USAGE_CAPTURE_BYTES,
+    )
+
+
+async def open_upstream(
+    svc: Services, method: str, path: str, headers: dict[str, str], body: bytes | None
+) -> aiohttp.ClientResponse:
+    try:
+        response = await svc.upstream.open(method, path, headers, body)
+    except ProxyError as exc:
+        if exc.kind is not None:
+            svc.metrics.upstream_errors.labels(exc.kind).inc()
+        raise
+    if response.status >= 500:
+        svc.metrics.upstream_errors.labels("http_5xx").inc()
+    return response
+
+
+async def passthrough(request: Request) -> Response:
+    """Any other upstream route, relayed as it is (bodies streamed back unbuffered)."""
+    svc = services(request)
+    body = await read_body(request, svc.settings.max_body_bytes)
+    path = request.url.path
+    if request.url.query:
+        path = f"{path}?{request.url.query}"
+    headers = request_headers(
+        request.scope["headers"], svc.settings, keep_client_auth=svc.pass_auth
+    )
+    upstream = await open_upstream(svc, request.method, path, headers, body or None)
+    return Relay(upstream, {}, on_error=lambda kind: svc.metrics.upstream_errors.labels(kind).inc())
+
+
+_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"]
+router.add_api_route("/v1/{rest:path}", passthrough, methods=_METHODS, include_in_schema=False)
+router.add_api_route("/tokenize", passthrough, methods=["POST"], include_in_schema=False)
+router.add_api_route("/detokenize", passthrough, methods=["POST"], include_in_schema=False)
+
+
+@router.get("/healthz")
+async def healthz() -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+@router.get("/readyz")
+async def readyz(request: Request) -> Response:
+    svc = services(request)
+    if await svc.upstream.ready():
+        return JSONResponse({"status": "ready", "upstream": svc.settings.upstream_url})
+    return JSONResponse(
+        {
+            "status": "not ready",
+            "upstream": svc.settings.upstream_url,
+            "detail": "the upstream did not answer GET /v1/models",
+        },
+        status_code=503,
+    )
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    return Response(services(request).metrics.render(), media_type=CONTENT_TYPE)

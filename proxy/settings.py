@@ -1,0 +1,155 @@
+"""Every knob of the proxy, read from ``TRIMPROXY_*`` environment variables.
+
+One pydantic-settings class; ``trimproxy serve --help`` prints each field's
+description, and a bad value stops start-up with one line naming the variable.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ENV_PREFIX = "TRIMPROXY_"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_file=".env",
+        env_file_encoding="utf-8",
+        extra="ignore",
+        frozen=True,
+    )
+
+    upstream_url: str = Field(
+        "http://127.0.0.1:8000",
+        description="Root URL of the FastChat or vLLM OpenAI server; a trailing /v1 is dropped.",
+    )
+    host: str = Field("127.0.0.1", description="Address the proxy listens on.")
+    port: int = Field(8080, ge=1, le=65535, description="Port the proxy listens on.")
+    workers: int = Field(1, ge=1, le=64, description="Worker processes (metrics aggregate).")
+
+    max_prompt_tokens: int | None = Field(
+        None, ge=1, description="Hard cap on forwarded prompt tokens."
+    )
+    context_window: int | None = Field(
+        None,
+        ge=1,
+        description="The model's context length; discovered from the upstream's "
+        "/v1/models (max_model_len) when unset.",
+    )
+    default_completion_reserve: int = Field(
+        512,
+        ge=0,
+        description="Tokens kept free for the answer when a request names no max_tokens.",
+    )
+    tokenizer: str = Field(
+        "auto",
+        description="Token counter: hf:<dir or id>, tiktoken:<encoding>, upstream, approx, auto.",
+    )
+    trim_target: float = Field(
+        0.6,
+        gt=0.0,
+        le=1.0,
+        description="Low-water mark, a fraction of the budget, that a cut trims down to; "
+        "the cut then holds while the conversation grows back (prefix-cache friendly).",
+    )
+    max_history_turns: int | None = Field(
+        None, ge=1, description="Keep at most this many of the latest turns."
+    )
+    pin_first_user: bool = Field(
+        False, description="Always keep the first user turn (constraints stated early)."
+    )
+
+    session_max_turns: int | None = Field(
+        None, ge=1, description="User turns a session may run before the limit action."
+    )
+    session_max_age: float | None = Field(
+        None, gt=0, description="Seconds a session may live before the limit action."
+    )
+    session_idle_ttl: float = Field(
+        3600.0, gt=0, description="Seconds session state is kept after its last use."
+    )
+    session_limit_action: Literal["reset", "reject"] = Field(
+        "reset", description="On a session limit: reset the history, or reject with 409."
+    )
+    session_header: str = Field(
+        "X-Session-ID", min_length=1, description="Request header that names the session."
+    )
+    session_max_entries: int = Field(
+        100_000, ge=1, description="Sessions the in-memory store holds before evicting LRU."
+    )
+    redis_url: str | None = Field(
+        None, description="Redis URL for a session store shared by replicas; in-memory when unset."
+    )
+    session_store_failure: Literal["open", "closed"] = Field(
+        "open",
+        description="When Redis fails: open serves without session limits, closed answers 503.",
+    )
+
+    api_keys: str | None = Field(
+        None, description="Comma-separated keys the proxy accepts on /v1/*; open when unset."
+    )
+    upstream_api_key: str | None = Field(
+        None, description="Key sent upstream in place of the client's."
+    )
+    max_body_bytes: int = Field(
+        8 * 1024 * 1024, ge=1024, description="Largest request body accepted (413 above)."
+    )
+    max_in_flight: int | None = Field(
+        None, ge=1, description="Concurrent requests per worker before answering 429."
+    )
+    connect_timeout: float = Field(5.0, gt=0, description="Upstream connect timeout, seconds.")
+    read_timeout: float = Field(
+        600.0, gt=0, description="Upstream read timeout between bytes, seconds."
+    )
+    upstream_metrics_interval: float = Field(
+        5.0, ge=0, description="Seconds between scrapes of the upstream's /metrics; 0 = off."
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="Log level of the proxy's own logs."
+    )
+
+    @field_validator("upstream_url")
+    @classmethod
+    def _normalise_upstream(cls, value: str) -> str:
+        url = value.strip().rstrip("/")
+        if not url.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        if url.endswith("/v1"):
+            url = url[: -len("/v1")]
+        return url
+
+    @field_validator("tokenizer")
+    @classmethod
+    def _check_tokenizer(cls, value: str) -> str:
+        kind, _, arg = value.partition(":")
+        if kind in ("auto", "approx", "upstream") and not arg:
+            return value
+        if kind in ("hf", "tiktoken") and arg:
+            return value
+        raise ValueError("expected hf:<dir or id>, tiktoken:<encoding>, upstream, approx or auto")
+
+    @model_validator(mode="after")
+    def _check_keys(self) -> Settings:
+        if self.api_keys is not None and not self.api_key_set:
+            raise ValueError("TRIMPROXY_API_KEYS is set but holds no key")
+        return self
+
+    @property
+    def api_key_set(self) -> frozenset[str]:
+        if not self.api_keys:
+            return frozenset()
+        return frozenset(k.strip() for k in self.api_keys.split(",") if k.strip())
+
+
+def describe_error(exc: ValidationError) -> str:
+    """One line per bad variable, named as the operator wrote it."""
+    lines = []
+    for err in exc.errors():
+        field = str(err["loc"][0]) if err["loc"] else ""
+        name = f"{ENV_PREFIX}{field.upper()}" if field else "settings"
+        lines.append(f"invalid {name}: {err['msg']}")
+    return "\n".join(lines)

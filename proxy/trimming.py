@@ -1,0 +1,177 @@
+"""Pure trimming: which messages of a chat request to keep under a token budget.
+
+No I/O and no state: the input is the messages, their counts and a policy; the
+output is the indices to keep. The invariants of DESIGN section 3 hold for every
+input, and each one has a property test.
+
+A *turn* is a user message with every message after it up to the next user
+message, so an assistant ``tool_calls`` message and its ``tool`` results always
+fall in the same turn and are kept or dropped together. Messages between the
+leading system block and the first user message form a turn of their own that can
+only be dropped (the kept history must start with a user message).
+
+Prefix stability: cutting the oldest turn on every request changes the prompt
+prefix every time and defeats the upstream's prefix cache. So a cut goes down to
+``target`` x budget, and the cut point then holds while the conversation grows
+back to the budget. The cut point is derived by replaying the conversation's
+growth turn by turn with the same rule, so it needs no stored state and every
+replica computes the same answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import accumulate
+
+from proxy.errors import ContextLengthExceeded
+from proxy.types import Message, PromptCount
+
+_HEAD_ROLES = frozenset(("system", "developer"))
+
+
+@dataclass(frozen=True, slots=True)
+class TrimPolicy:
+    budget: int | None
+    target: float = 0.6
+    max_history_turns: int | None = None
+    pin_first_user: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TrimResult:
+    kept: tuple[int, ...]
+    """Indices into the input messages, ascending."""
+    tokens: int
+    """Counted prompt of the kept messages (per-message sums plus overhead)."""
+    reason: str | None
+    """``"budget"``, ``"max_turns"``, ``"session"`` or None when nothing was dropped."""
+
+    def dropped(self, total_messages: int) -> int:
+        return total_messages - len(self.kept)
+
+
+@dataclass(frozen=True, slots=True)
+class Turns:
+    head: int
+    """Messages ``[0, head)`` are the leading system/developer block."""
+    starts: tuple[int, ...]
+    """Start index of each turn; turn i spans ``[starts[i], starts[i+1])``."""
+    first_is_user: bool
+    """False when the first turn is the non-user run after the head."""
+
+
+def split_turns(messages: Sequence[Message]) -> Turns:
+    n = len(messages)
+    head = 0
+    while head < n and messages[head].get("role") in _HEAD_ROLES:
+        head += 1
+    starts = [i for i in range(head, n) if messages[i].get("role") == "user"]
+    first_is_user = True
+    if head < n and (not starts or starts[0] != head):
+        starts.insert(0, head)
+        first_is_user = False
+    return Turns(head, tuple(starts), first_is_user)
+
+
+def trim(
+    messages: Sequence[Message],
+    count: PromptCount,
+    policy: TrimPolicy,
+    *,
+    history_start: int = 0,
+) -> TrimResult:
+    """Choose the messages to forward.
+
+    ``history_start`` is a session's reset point: turns that begin before it are
+    dropped whatever the budget (DESIGN section 4); it is an index into
+    ``messages`` and snaps forward to the next turn start.
+    Raises ``ContextLengthExceeded`` when the system block plus the last turn alone
+    are over the budget.
+    """
+    n = len(messages)
+    per = count.per_message
+    turns = split_turns(messages)
+    head, starts = turns.head, turns.starts
+    bounds = (*starts, n)
+    sizes = [sum(per[bounds[i] : bounds[i + 1]]) for i in range(len(starts))]
+    fixed = count.overhead + sum(per[:head])
+    reason: str | None = None
+
+    # Turns the replay may drop, oldest first. The last turn is never dropped (the
+    # replay stops at it); a leading non-user turn goes with the first cut, so the
+    # kept history always starts with a user message once anything was dropped.
+    droppable = list(range(len(starts)))
+    pinned: int | None = None
+    if policy.pin_first_user:
+        first_user = 0 if turns.first_is_user else 1
+        if first_user < len(starts) - 1:
+            pinned = first_user
+    if history_start > 0 and starts:
+        reset_turn = next((i for i, s in enumerate(starts) if s >= history_start), len(starts) - 1)
+        if reset_turn > 0:
+            droppable = droppable[reset_turn:]
+            reason = "session"
+            if pinned is not None and pinned < reset_turn:
+                pinned = None  # a reset drops the whole earlier history, pins included
+    if pinned is not None:
+        droppable.remove(pinned)
+        fixed += sizes[pinned]
+
+    seq = [sizes[t] for t in droppable]
+    cut, cut_reason = _replay(seq, fixed, policy)
+    reason = cut_reason or reason
+    kept_turns = sorted(([pinned] if pinned is not None else []) + droppable[cut:])
+    kept = list(range(head))
+    for t in kept_turns:
+        kept.extend(range(bounds[t], bounds[t + 1]))
+    tokens = fixed + sum(seq[cut:])
+    if policy.budget is not None and tokens > policy.budget:
+        raise ContextLengthExceeded(
+            f"This conversation needs {tokens} prompt tokens even after dropping every "
+            f"earlier turn (system messages plus the last user turn), but the budget is "
+            f"{policy.budget} tokens. Shorten the last message or the system prompt, "
+            f"or lower max_tokens.",
+            param="messages",
+        )
+    if len(kept) == n:
+        reason = None
+    return TrimResult(tuple(kept), tokens, reason)
+
+
+def _replay(sizes: Sequence[int], fixed: int, policy: TrimPolicy) -> tuple[int, str | None]:
+    """Replay the conversation's growth turn by turn and return the cut point.
+
+    At step k the prompt is turns ``[cut, k]``. When it is over the budget (or over
+    ``max_history_turns``), the cut moves forward until the prompt is at or under the
+    low-water mark (``target`` x the limit); if that is impossible, as far as the
+    limit itself allows, and at worst to k. The cut never moves back, so between
+    cuts every prompt extends the previous one.
+    """
+    n = len(sizes)
+    if n == 0:
+        return 0, None
+    prefix = [0, *accumulate(sizes)]
+    budget = policy.budget
+    low = None if budget is None else max(0, int(budget * policy.target)) - fixed
+    high = None if budget is None else budget - fixed
+    max_turns = policy.max_history_turns
+    low_turns = None if max_turns is None else max(1, int(max_turns * policy.target))
+    cut = 0
+    reason: str | None = None
+    for k in range(n):
+        if high is not None and prefix[k + 1] - prefix[cut] > high:
+            # Over the budget: advance to the low-water mark, else the high one.
+            assert low is not None
+            c = cut
+            while c < k and prefix[k + 1] - prefix[c] > low:
+                c += 1
+            if prefix[k + 1] - prefix[c] > low:
+                c = cut
+                while c < k and prefix[k + 1] - prefix[c] > high:
+                    c += 1
+            cut, reason = c, "budget"
+        if max_turns is not None and k + 1 - cut > max_turns:
+            assert low_turns is not None
+            cut, reason = k + 1 - low_turns, "max_turns"
+    return cut, reason
