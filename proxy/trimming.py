@@ -114,18 +114,20 @@ def trim(
             reason = "session"
             if pinned is not None and pinned < reset_turn:
                 pinned = None  # a reset drops the whole earlier history, pins included
-    if pinned is not None:
-        droppable.remove(pinned)
-        fixed += sizes[pinned]
-
-    seq = [sizes[t] for t in droppable]
-    cut, cut_reason = _replay(seq, fixed, policy)
+    # What each turn weighed when it was the newest, i.e. in the request that ended
+    # with its user message: replaying with those weights makes every earlier step
+    # repeat exactly the decision that earlier request made.
+    openings = [
+        per[s] if messages[s].get("role") == "user" else sizes[i] for i, s in enumerate(starts)
+    ]
+    cut_reason, kept_turns, tokens = _choose(sizes, openings, fixed, droppable, pinned, policy)
+    if pinned is not None and policy.budget is not None and tokens > policy.budget:
+        # The pin is a preference; only the system block and the last turn are musts.
+        cut_reason, kept_turns, tokens = _choose(sizes, openings, fixed, droppable, None, policy)
     reason = cut_reason or reason
-    kept_turns = sorted(([pinned] if pinned is not None else []) + droppable[cut:])
     kept = list(range(head))
     for t in kept_turns:
         kept.extend(range(bounds[t], bounds[t + 1]))
-    tokens = fixed + sum(seq[cut:])
     if policy.budget is not None and tokens > policy.budget:
         raise ContextLengthExceeded(
             f"This conversation needs {tokens} prompt tokens even after dropping every "
@@ -139,14 +141,36 @@ def trim(
     return TrimResult(tuple(kept), tokens, reason)
 
 
-def _replay(sizes: Sequence[int], fixed: int, policy: TrimPolicy) -> tuple[int, str | None]:
+def _choose(
+    sizes: Sequence[int],
+    openings: Sequence[int],
+    fixed: int,
+    droppable: list[int],
+    pinned: int | None,
+    policy: TrimPolicy,
+) -> tuple[str | None, list[int], int]:
+    """The reason for the cut (if any), the kept turn indices and their tokens."""
+    if pinned is not None:
+        droppable = [t for t in droppable if t != pinned]
+        fixed += sizes[pinned]
+    seq = [sizes[t] for t in droppable]
+    cut, reason = _replay(seq, [openings[t] for t in droppable], fixed, policy)
+    kept_turns = sorted(([pinned] if pinned is not None else []) + droppable[cut:])
+    return reason, kept_turns, fixed + sum(seq[cut:])
+
+
+def _replay(
+    sizes: Sequence[int], openings: Sequence[int], fixed: int, policy: TrimPolicy
+) -> tuple[int, str | None]:
     """Replay the conversation's growth turn by turn and return the cut point.
 
-    At step k the prompt is turns ``[cut, k]``. When it is over the budget (or over
-    ``max_history_turns``), the cut moves forward until the prompt is at or under the
-    low-water mark (``target`` x the limit); if that is impossible, as far as the
-    limit itself allows, and at worst to k. The cut never moves back, so between
-    cuts every prompt extends the previous one.
+    Step k is the request that ended with turn k's user message: turns ``[cut, k)``
+    whole plus turn k's opening; the last step is this request, its last turn whole.
+    When a step is over the budget (or over ``max_history_turns``), the cut moves
+    forward until the prompt is at or under the low-water mark (``target`` x the
+    limit); if that is impossible, as far as the limit itself allows, and at worst
+    to k. The cut never moves back, so between cuts every prompt extends the
+    previous one.
     """
     n = len(sizes)
     if n == 0:
@@ -160,15 +184,16 @@ def _replay(sizes: Sequence[int], fixed: int, policy: TrimPolicy) -> tuple[int, 
     cut = 0
     reason: str | None = None
     for k in range(n):
-        if high is not None and prefix[k + 1] - prefix[cut] > high:
+        newest = sizes[k] if k == n - 1 else openings[k]
+        if high is not None and prefix[k] - prefix[cut] + newest > high:
             # Over the budget: advance to the low-water mark, else the high one.
             assert low is not None
             c = cut
-            while c < k and prefix[k + 1] - prefix[c] > low:
+            while c < k and prefix[k] - prefix[c] + newest > low:
                 c += 1
-            if prefix[k + 1] - prefix[c] > low:
+            if prefix[k] - prefix[c] + newest > low:
                 c = cut
-                while c < k and prefix[k + 1] - prefix[c] > high:
+                while c < k and prefix[k] - prefix[c] + newest > high:
                     c += 1
             cut, reason = c, "budget"
         if max_turns is not None and k + 1 - cut > max_turns:
