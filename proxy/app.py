@@ -13,9 +13,12 @@ from starlette.responses import Response
 
 from proxy.dependencies import Services
 from proxy.errors import ProxyError, envelope
+from proxy.logs import request_facts, setup_logging
 from proxy.metrics import Metrics
 from proxy.middleware import Accounting, ApiKeys, InFlightLimit
 from proxy.routes import router
+from proxy.scrape import build_scraper
+from proxy.sessions import build_sessions
 from proxy.settings import Settings
 from proxy.tokens import build_counter
 from proxy.upstream import ContextWindows, Upstream
@@ -37,19 +40,35 @@ def create_app(settings: Settings | None = None, metrics: Metrics | None = None)
         except BaseException:
             await upstream.aclose()
             raise
+        try:
+            sessions = build_sessions(settings, metrics)  # None: no session limit is set
+            if sessions is not None:
+                await sessions.start()
+        except BaseException:
+            await counter.aclose()
+            await upstream.aclose()
+            raise
         app.state.services = Services(
             settings=settings,
             metrics=metrics,
             upstream=upstream,
             windows=ContextWindows(upstream),
             counter=counter,
-            sessions=None,
+            sessions=sessions,
             pass_auth=not settings.api_key_set and not settings.upstream_api_key,
         )
         log.info("trimproxy ready: upstream %s, tokenizer %s", settings.upstream_url, counter.name)
+        scraper = build_scraper(settings, upstream, metrics)
+        if scraper is not None:
+            scraper.start()
         try:
             yield
         finally:
+            if scraper is not None:
+                await scraper.stop()
+            if sessions is not None:
+                await sessions.aclose()
+            metrics.close()
             await counter.aclose()
             await upstream.aclose()
 
@@ -74,11 +93,17 @@ def create_app(settings: Settings | None = None, metrics: Metrics | None = None)
 
 
 def app_from_env() -> FastAPI:
-    """Factory for ``uvicorn --factory`` in multi-worker mode: settings from the env."""
-    return create_app()
+    """Factory for ``uvicorn --factory`` in multi-worker mode: settings from the env.
+
+    Each worker is a fresh interpreter, so it sets up its own (JSON) logging here.
+    """
+    settings = Settings()
+    setup_logging(settings.log_level)
+    return create_app(settings)
 
 
 async def _proxy_error(request: Request, exc: ProxyError) -> Response:
+    request_facts(request).error = exc.code  # the access line says why
     return Response(exc.body(), status_code=exc.status, media_type=_JSON, headers=exc.headers)
 
 

@@ -84,6 +84,14 @@ class SessionStoreUnavailable(ProxyError):
     code = "session_store_unavailable"
 
 
+class ClientClosedRequest(ProxyError):
+    """The client left before the answer; nobody reads this one (nginx's 499)."""
+
+    status = 499
+    type = "invalid_request_error"
+    code = "client_closed_request"
+
+
 class UpstreamUnavailable(ProxyError):
     status = 502
     type = "upstream_error"

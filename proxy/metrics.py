@@ -3,12 +3,20 @@
 Metrics live on a ``Metrics`` object built by the app factory, each on the
 registry it is given, so several apps (tests, workers) never collide. With more
 than one worker, prometheus-client's multiprocess mode writes the values to
-``PROMETHEUS_MULTIPROCESS_DIR`` and ``render`` aggregates them.
+``PROMETHEUS_MULTIPROC_DIR`` (``trimproxy serve`` prepares it) and ``render``
+aggregates them: counters and histograms add up, gauges say how (``multiprocess_mode``).
+
+``_created`` series are left out of ``render``'s output by filtering at scrape
+time, not with ``disable_created_metrics()`` or ``PROMETHEUS_DISABLE_CREATED_SERIES``:
+both flip a process-wide flag inside prometheus-client (the env var at its import),
+which would change every other registry in the process too.
 """
 
 from __future__ import annotations
 
+import glob
 import os
+from collections.abc import Iterator
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -19,6 +27,8 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client import multiprocess as mp
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 # Prompt lengths from a few dozen tokens up to long-context models.
 TOKEN_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144)
@@ -68,6 +78,18 @@ def route_label(path: str) -> str:
 
 def multiprocess_dir() -> str | None:
     return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+
+
+def clear_multiprocess_dir(directory: str) -> None:
+    """Create the directory, or remove the metric files an earlier run left in it.
+
+    Only prometheus-client's ``*.db`` files go: the directory is the operator's and
+    may hold other things. (Run one proxy per directory: a second would clear the
+    first one's numbers.)
+    """
+    os.makedirs(directory, exist_ok=True)
+    for path in glob.glob(os.path.join(directory, "*.db")):
+        os.remove(path)
 
 
 class Metrics:
@@ -137,9 +159,30 @@ class Metrics:
             buckets=ERROR_BUCKETS,
             registry=r,
         )
+        # The upstream's own numbers (proxy/scrape.py). One worker scrapes at a time;
+        # "mostrecent" exports the freshest write, whichever worker made it.
         self.kv_cache_usage = Gauge(
             "trimproxy_upstream_kv_cache_usage_ratio",
             "The upstream's KV-cache usage (0..1), scraped from its /metrics.",
+            registry=r,
+            multiprocess_mode="mostrecent",
+        )
+        self.upstream_running = Gauge(
+            "trimproxy_upstream_requests_running",
+            "Requests the upstream is running now (vllm:num_requests_running).",
+            registry=r,
+            multiprocess_mode="mostrecent",
+        )
+        self.upstream_waiting = Gauge(
+            "trimproxy_upstream_requests_waiting",
+            "Requests queued in the upstream (vllm:num_requests_waiting).",
+            registry=r,
+            multiprocess_mode="mostrecent",
+        )
+        self.upstream_metrics_up = Gauge(
+            "trimproxy_upstream_metrics_up",
+            "1 when the last scrape of the upstream's /metrics found its KV-cache usage, "
+            "else 0 (the trimproxy_upstream_* gauges then hold stale or no values).",
             registry=r,
             multiprocess_mode="mostrecent",
         )
@@ -149,11 +192,74 @@ class Metrics:
             registry=r,
             multiprocess_mode="livesum",
         )
+        self.session_store_errors = Counter(
+            "trimproxy_session_store_errors",
+            "Chat requests whose session check failed because the store was unavailable.",
+            registry=r,
+        )
 
     def render(self) -> bytes:
         directory = multiprocess_dir()
+        registry = CollectorRegistry(auto_describe=False)
         if directory:
-            registry = CollectorRegistry()
+            _forget_dead_processes(directory)
             mp.MultiProcessCollector(registry, path=directory)  # type: ignore[no-untyped-call]
-            return generate_latest(registry)
-        return generate_latest(self.registry)
+        else:
+            registry.register(_WithoutCreated(self.registry))
+        return generate_latest(registry)
+
+    def close(self) -> None:
+        """At worker shutdown: drop this process's share of the ``live*`` gauges."""
+        directory = multiprocess_dir()
+        if directory:
+            mp.mark_process_dead(os.getpid(), directory)  # type: ignore[no-untyped-call]
+
+
+class _WithoutCreated(Collector):
+    """A registry's families minus their ``<name>_created`` samples."""
+
+    def __init__(self, source: CollectorRegistry) -> None:
+        self._source = source
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self._source.collect():
+            created = family.name + "_created"
+            family.samples = [s for s in family.samples if s.name != created]
+            yield family
+
+
+def _forget_dead_processes(directory: str) -> None:
+    """Remove the ``live*`` gauge files of workers that are gone.
+
+    A worker that exits cleanly does this itself (``Metrics.close``); one that was
+    killed cannot, and its in-flight count would otherwise stay in the sum forever.
+    Counter and histogram files stay: what a dead worker counted still happened.
+    """
+    for path in glob.glob(os.path.join(directory, "gauge_live*_*.db")):
+        pid_text = os.path.basename(path).rsplit("_", 1)[-1].removesuffix(".db")
+        if pid_text.isdigit() and not _alive(int(pid_text)):
+            mp.mark_process_dead(int(pid_text), directory)  # type: ignore[no-untyped-call]
+
+
+def _alive(pid: int) -> bool:
+    # A killed worker stays a zombie until uvicorn's supervisor reaps it (up to about
+    # a second), and a signal 0 still reaches a zombie: on Linux, ask /proc instead.
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read()
+    except FileNotFoundError:
+        return not os.path.isdir("/proc/self") and _signalable(pid)
+    except OSError:
+        return _signalable(pid)
+    state = fields[fields.rfind(b")") + 2 :][:1]  # the field after "(command name)"
+    return state not in (b"Z", b"X")
+
+
+def _signalable(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True

@@ -6,11 +6,20 @@ None of them reads the request body; they look at the scope and wrap ``send``.
 from __future__ import annotations
 
 import hmac
+import logging
 import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from proxy.errors import InvalidApiKey, Overloaded, ProxyError
+from proxy.logs import (
+    ACCESS_LOGGER,
+    FACTS_KEY,
+    REQUEST_ID_HEADER,
+    SESSION_ID_HEADER,
+    RequestFacts,
+    ensure_request_id,
+)
 from proxy.metrics import Metrics, route_label
 
 _GUARDED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
@@ -25,34 +34,64 @@ async def send_error(send: Send, error: ProxyError) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+# Scrapes and probes arrive every few seconds; their access lines are debug-level.
+_QUIET_ROUTES = frozenset(("/metrics", "/healthz", "/readyz"))
+
+
 class Accounting:
-    """Counts every answered request by route and status, with its duration."""
+    """Counts every answered request by route and status, with its duration, and
+    writes its access line.
+
+    It also settles the request id: the client's ``X-Request-ID`` when valid, else a
+    generated one, put into the headers the handlers forward upstream and into the
+    response. Outermost, so it sees the 401s and 429s of the middleware inside it.
+    """
 
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
         self.metrics = metrics
+        self.access = logging.getLogger(ACCESS_LOGGER)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        route = route_label(scope["path"])
+        path: str = scope["path"]
+        route = route_label(path)
         status = 500
         start = time.perf_counter()
+        request_id, headers = ensure_request_id(scope["headers"])
+        if headers is not None:
+            scope = {**scope, "headers": headers}
+        facts = RequestFacts(request_id)
+        scope.setdefault("state", {})[FACTS_KEY] = facts
+        rid_header = (REQUEST_ID_HEADER, request_id.encode("ascii"))
 
         async def send_wrapper(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+                out = [rid_header]
+                for header in message.get("headers", ()):
+                    if header[0] == SESSION_ID_HEADER and facts.session_id is None:
+                        facts.session_id = header[1].decode("latin-1")
+                    if header[0] != REQUEST_ID_HEADER:  # an upstream's echo of it
+                        out.append(header)
+                message = {**message, "headers": out}
             await send(message)
 
         self.metrics.in_flight.inc()
         try:
             await self.app(scope, receive, send_wrapper)
         finally:
+            elapsed = time.perf_counter() - start
             self.metrics.in_flight.dec()
             self.metrics.requests.labels(route, str(status)).inc()
-            self.metrics.request_duration.labels(route).observe(time.perf_counter() - start)
+            self.metrics.request_duration.labels(route).observe(elapsed)
+            level = logging.DEBUG if route in _QUIET_ROUTES else logging.INFO
+            if self.access.isEnabledFor(level):
+                fields = facts.fields(scope["method"], path, status, elapsed)
+                self.access.log(level, "request", extra={"fields": fields})
 
 
 class ApiKeys:

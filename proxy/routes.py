@@ -6,6 +6,7 @@ body validation would parse every message into models, which the hot path avoids
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import replace
 
@@ -16,10 +17,11 @@ from starlette.responses import JSONResponse, Response
 from proxy.chat import ChatRequest, parse_chat, usage_prompt_tokens, with_messages
 from proxy.dependencies import Services, services
 from proxy.errors import ContextLengthExceeded, ProxyError, RequestTooLarge
+from proxy.logs import request_facts
 from proxy.metrics import CONTENT_TYPE
 from proxy.trimming import TrimPolicy, TrimResult, trim
 from proxy.types import PromptCount
-from proxy.upstream import Relay, request_headers
+from proxy.upstream import Relay, request_headers, watch_disconnect
 
 router = APIRouter()
 
@@ -112,6 +114,8 @@ async def chat_completions(request: Request) -> Response:
     metrics = svc.metrics
     raw = await read_body(request, settings.max_body_bytes)
     chat = parse_chat(raw)
+    facts = request_facts(request)  # for the access line
+    facts.model = chat.model
 
     history_start = 0
     extra: dict[str, str] = {}
@@ -123,6 +127,7 @@ async def chat_completions(request: Request) -> Response:
     budget = await budget_for(svc, chat)
     count = await svc.counter.count(chat.messages, tools=chat.tools, model=chat.model)
     metrics.prompt_tokens.labels("received").observe(count.total)
+    facts.prompt_tokens_received = count.total
     policy = TrimPolicy(
         budget=budget,
         target=settings.trim_target,
@@ -139,13 +144,15 @@ async def chat_completions(request: Request) -> Response:
     else:
         body = raw  # nothing trimmed: the client's bytes, unchanged
     metrics.prompt_tokens.labels("forwarded").observe(forwarded_tokens)
+    facts.prompt_tokens_forwarded = forwarded_tokens
+    facts.messages_dropped = dropped
     extra["x-trimproxy-prompt-tokens"] = str(forwarded_tokens)
     extra["x-trimproxy-trimmed-messages"] = str(dropped)
 
     headers = request_headers(request.scope["headers"], settings, keep_client_auth=svc.pass_auth)
     headers["content-type"] = "application/json"
     started = time.perf_counter()
-    upstream = await open_upstream(svc, "POST", CHAT_PATH, headers, body)
+    upstream, client_gone = await open_upstream(request, svc, CHAT_PATH, headers, body)
 
     def on_end(complete: bool, captured: bytes | None) -> None:
         if captured is not None and upstream.status == 200:
@@ -153,30 +160,40 @@ async def chat_completions(request: Request) -> Response:
             if usage is not None:
                 metrics.estimate_error.observe(forwarded_tokens - usage)
 
+    def on_first_byte() -> None:
+        facts.upstream_ttfb = time.perf_counter() - started
+        metrics.upstream_ttfb.labels(CHAT_PATH).observe(facts.upstream_ttfb)
+
     return Relay(
         upstream,
         extra,
+        client_gone,
         on_error=lambda kind: metrics.upstream_errors.labels(kind).inc(),
         on_end=on_end,
-        on_first_byte=lambda: metrics.upstream_ttfb.labels(CHAT_PATH).observe(
-            time.perf_counter() - started
-        ),
+        on_first_byte=on_first_byte,
         capture_limit=0 if chat.stream else _USAGE_CAPTURE_BYTES,
     )
 
 
 async def open_upstream(
-    svc: Services, method: str, path: str, headers: dict[str, str], body: bytes | None
-) -> aiohttp.ClientResponse:
+    request: Request, svc: Services, path: str, headers: dict[str, str], body: bytes | None
+) -> tuple[aiohttp.ClientResponse, asyncio.Future[None]]:
+    """Forward the request; returns the upstream response and the client-disconnect
+    watcher that the relay goes on using (cancelled here if forwarding fails)."""
+    client_gone = watch_disconnect(request.receive)
     try:
-        response = await svc.upstream.open(method, path, headers, body)
+        response = await svc.upstream.open(request.method, path, headers, body, client_gone)
     except ProxyError as exc:
+        client_gone.cancel()
         if exc.kind is not None:
             svc.metrics.upstream_errors.labels(exc.kind).inc()
         raise
+    except BaseException:
+        client_gone.cancel()
+        raise
     if response.status >= 500:
         svc.metrics.upstream_errors.labels("http_5xx").inc()
-    return response
+    return response, client_gone
 
 
 async def passthrough(request: Request) -> Response:
@@ -189,8 +206,13 @@ async def passthrough(request: Request) -> Response:
     headers = request_headers(
         request.scope["headers"], svc.settings, keep_client_auth=svc.pass_auth
     )
-    upstream = await open_upstream(svc, request.method, path, headers, body or None)
-    return Relay(upstream, {}, on_error=lambda kind: svc.metrics.upstream_errors.labels(kind).inc())
+    upstream, client_gone = await open_upstream(request, svc, path, headers, body or None)
+    return Relay(
+        upstream,
+        {},
+        client_gone,
+        on_error=lambda kind: svc.metrics.upstream_errors.labels(kind).inc(),
+    )
 
 
 _METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"]

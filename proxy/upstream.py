@@ -19,7 +19,7 @@ import orjson
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from proxy.errors import upstream_error_kind, upstream_failure
+from proxy.errors import ClientClosedRequest, upstream_error_kind, upstream_failure
 from proxy.settings import Settings
 
 log = logging.getLogger("trimproxy.upstream")
@@ -98,13 +98,33 @@ class Upstream:
         )
 
     async def open(
-        self, method: str, path: str, headers: Mapping[str, str], body: bytes | None
+        self,
+        method: str,
+        path: str,
+        headers: Mapping[str, str],
+        body: bytes | None,
+        client_gone: asyncio.Future[None] | None = None,
     ) -> aiohttp.ClientResponse:
-        """Send a request and return once the response head has arrived."""
-        try:
-            return await self.session.request(
+        """Send a request and return once the response head has arrived.
+
+        A non-streaming answer's head comes only when generation is done, so the
+        client's disconnect (``client_gone``) is raced against the wait: when the
+        client leaves first, the request is cancelled, which closes the upstream
+        connection and lets the server abort the generation.
+        """
+        sending = asyncio.ensure_future(
+            self.session.request(
                 method, self.base_url + path, headers=headers, data=body, allow_redirects=False
             )
+        )
+        if client_gone is not None:
+            await asyncio.wait((sending, client_gone), return_when=asyncio.FIRST_COMPLETED)
+            if not sending.done():
+                sending.cancel()
+                await asyncio.gather(sending, return_exceptions=True)
+                raise ClientClosedRequest("The client closed the connection before the answer.")
+        try:
+            return await sending
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise upstream_failure(exc, self.base_url, self.read_timeout) from exc
 
@@ -224,6 +244,7 @@ class Relay(Response):
         self,
         upstream: aiohttp.ClientResponse,
         extra_headers: Mapping[str, str],
+        client_gone: asyncio.Future[None],
         *,
         on_error: ErrorHook | None = None,
         on_end: EndHook | None = None,
@@ -231,6 +252,7 @@ class Relay(Response):
         capture_limit: int = 0,
     ) -> None:
         self._upstream = upstream
+        self._client_gone = client_gone
         self._on_error = on_error
         self._on_end = on_end
         self._on_first_byte = on_first_byte
@@ -244,7 +266,7 @@ class Relay(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         pump = asyncio.ensure_future(self._pump(send))
-        watch = asyncio.ensure_future(_wait_disconnect(receive))
+        watch = self._client_gone
         completed = False
         try:
             done, _ = await asyncio.wait((pump, watch), return_when=asyncio.FIRST_COMPLETED)
@@ -288,6 +310,15 @@ class Relay(Response):
                 self._on_error(upstream_error_kind(exc))
             log.warning("upstream stream broke off: %s", type(exc).__name__)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def watch_disconnect(receive: Receive) -> asyncio.Future[None]:
+    """A task that completes when the client disconnects; call once the body is read.
+
+    The caller owns it: it is handed to ``Upstream.open`` and then to ``Relay``,
+    which cancels it at the end; on an error in between the caller cancels it.
+    """
+    return asyncio.ensure_future(_wait_disconnect(receive))
 
 
 async def _wait_disconnect(receive: Receive) -> None:

@@ -1,0 +1,1 @@
+"""Benchmarks that ship with trimproxy (run from the repository root)."""

@@ -1,0 +1,140 @@
+"""Structured logs: JSON lines, request ids, and the one access line per request.
+
+Every log record is written as one JSON object per line (``JsonFormatter``). The
+access line (logger ``trimproxy.access``) carries numbers and ids only: prompt
+token counts, messages dropped, status, timings, a hash of the session id; never
+message content. Handlers put their facts on ``RequestFacts``, which the
+``Accounting`` middleware creates per request and logs when the answer is done.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import secrets
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+
+ACCESS_LOGGER = "trimproxy.access"
+REQUEST_ID_HEADER = b"x-request-id"
+SESSION_ID_HEADER = b"x-trimproxy-session-id"
+FACTS_KEY = "trimproxy_facts"
+# What a client may choose as its request id: short, and safe in logs and headers.
+_VALID_REQUEST_ID = re.compile(rb"[A-Za-z0-9._-]{1,128}")
+_MAX_FIELD = 256
+
+
+@dataclass(slots=True)
+class RequestFacts:
+    """What one request did, as far as the access line needs to know."""
+
+    request_id: str
+    model: str | None = None
+    prompt_tokens_received: int | None = None
+    prompt_tokens_forwarded: int | None = None
+    messages_dropped: int | None = None
+    upstream_ttfb: float | None = None
+    session_id: str | None = None
+    """The session id in clear; only its hash is logged."""
+    error: str | None = None
+    """The proxy's own error code, when it answered with one."""
+
+    def fields(self, method: str, path: str, status: int, duration: float) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "request_id": self.request_id,
+            "method": method,
+            "path": path[:_MAX_FIELD],
+            "status": status,
+            "duration_ms": round(duration * 1000.0, 3),
+        }
+        if self.model is not None:
+            out["model"] = self.model[:_MAX_FIELD]
+        if self.prompt_tokens_received is not None:
+            out["prompt_tokens_received"] = self.prompt_tokens_received
+        if self.prompt_tokens_forwarded is not None:
+            out["prompt_tokens_forwarded"] = self.prompt_tokens_forwarded
+        if self.messages_dropped is not None:
+            out["messages_dropped"] = self.messages_dropped
+        if self.upstream_ttfb is not None:
+            out["upstream_ttfb_ms"] = round(self.upstream_ttfb * 1000.0, 3)
+        if self.session_id:
+            out["session"] = session_hash(self.session_id)
+        if self.error is not None:
+            out["error"] = self.error
+        return out
+
+
+def request_facts(request: Request) -> RequestFacts:
+    """This request's facts; a detached record when no ``Accounting`` wraps the app."""
+    state = request.scope.get("state")
+    facts = state.get(FACTS_KEY) if isinstance(state, dict) else None
+    return facts if isinstance(facts, RequestFacts) else RequestFacts("")
+
+
+def session_hash(session_id: str) -> str:
+    """A short, stable digest: correlates a session's lines across workers and
+    replicas without writing the id (a user name, a client's key fingerprint) itself."""
+    return hashlib.blake2b(session_id.encode(), digest_size=8).hexdigest()
+
+
+def ensure_request_id(
+    headers: list[tuple[bytes, bytes]],
+) -> tuple[str, list[tuple[bytes, bytes]] | None]:
+    """The request id to use, and the headers to forward if they must change.
+
+    A client's single valid ``X-Request-ID`` is kept as it is (headers unchanged:
+    None). A missing, repeated or malformed one is replaced by a generated id, so
+    that the upstream, the response and the log line all carry the same one.
+    """
+    found: list[bytes] = [value for name, value in headers if name == REQUEST_ID_HEADER]
+    if len(found) == 1 and _VALID_REQUEST_ID.fullmatch(found[0]):
+        return found[0].decode("ascii"), None
+    generated = secrets.token_hex(16)
+    kept = [h for h in headers if h[0] != REQUEST_ID_HEADER] if found else list(headers)
+    kept.append((REQUEST_ID_HEADER, generated.encode("ascii")))
+    return generated, kept
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record: ts, level, logger, msg, and the record's ``fields``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            out.update(fields)
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return orjson.dumps(out, default=str).decode()
+
+
+def setup_logging(level: str) -> None:
+    """Send every logger of the process (uvicorn's too) to stderr as JSON lines.
+
+    Called by ``trimproxy serve`` and by each worker's app factory (workers are
+    fresh interpreters and inherit no logging setup); calling it twice is harmless.
+    """
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+    for name in ("uvicorn", "uvicorn.error"):
+        # uvicorn's own dictConfig handlers would write plain text beside ours.
+        logging.getLogger(name).handlers.clear()
+        logging.getLogger(name).propagate = True
+    # trimproxy.access replaces uvicorn's access line (which also names the client's
+    # address); uvicorn logs one only while this logger has handlers.
+    uvicorn_access = logging.getLogger("uvicorn.access")
+    uvicorn_access.handlers.clear()
+    uvicorn_access.propagate = False

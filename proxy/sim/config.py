@@ -1,0 +1,113 @@
+"""The simulated upstream's settings, and the knobs tests may turn at run time."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Dialect = Literal["vllm", "fastchat"]
+ErrorStyle = Literal["current", "legacy"]
+
+# Knobs ``POST /_sim/config`` may change while the sim runs. Structural settings
+# (dialect, KV geometry, record size) are fixed at start: changing them under
+# running requests would make the accounting meaningless.
+RUNTIME_KNOBS = frozenset(
+    {
+        "model",
+        "max_model_len",
+        "tokens_per_second",
+        "completion_tokens",
+        "delay_seconds",
+        "legacy_metrics",
+        "error_style",
+        "strict_model",
+    }
+)
+
+
+@dataclass
+class SimConfig:
+    """How the simulated server behaves.
+
+    ``dialect`` picks whose wire format it speaks: ``vllm`` (vLLM's OpenAI server)
+    or ``fastchat`` (FastChat 0.2.36's ``openai_api_server``).
+    """
+
+    dialect: Dialect = "vllm"
+    model: str = "sim-model"
+    #: Context window: prompt plus completion, in sim tokens (see ``tokenizer``).
+    max_model_len: int = 4096
+    #: Generation speed; 0 answers at once (benchmarks, most tests).
+    tokens_per_second: float = 0.0
+    #: Tokens every answer generates, unless ``max_tokens`` asks for fewer.
+    completion_tokens: int = 16
+    #: KV-cache geometry: ``kv_blocks`` blocks of ``block_size`` tokens each.
+    kv_blocks: int = 2048
+    block_size: int = 16
+    #: Seconds to wait before the first byte of a generation answer (time to first token).
+    delay_seconds: float = 0.0
+    #: vLLM only: export ``vllm:gpu_cache_usage_perc`` (vLLM V0) instead of
+    #: ``vllm:kv_cache_usage_perc`` (V1).
+    legacy_metrics: bool = False
+    #: vLLM only: ``current`` error bodies (``{"error": {...}}``, vLLM >= 0.10) or
+    #: ``legacy`` (flat ``{"object": "error", ...}`` with the older wording).
+    error_style: ErrorStyle = "current"
+    #: Refuse models other than ``model`` the way the real server does (vLLM 404,
+    #: FastChat 400/40301). Off by default so clients may send any model name.
+    strict_model: bool = False
+    #: How many received requests ``GET /_sim/requests`` keeps (oldest dropped).
+    record_limit: int = 1000
+    #: FastChat only: the system prompt its conversation template adds when the
+    #: request has none (the qwen-7b-chat/ChatML template's default).
+    fastchat_system_message: str = "You are a helpful assistant."
+    #: Largest request body accepted, bytes.
+    max_body_bytes: int = 64 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        if self.dialect not in ("vllm", "fastchat"):
+            raise ValueError(f"dialect must be 'vllm' or 'fastchat', not {self.dialect!r}")
+        if self.error_style not in ("current", "legacy"):
+            raise ValueError(f"error_style must be 'current' or 'legacy', not {self.error_style!r}")
+        positive = ("max_model_len", "kv_blocks", "block_size", "record_limit", "max_body_bytes")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1")
+        if self.completion_tokens < 0:
+            raise ValueError("completion_tokens must be >= 0")
+        if self.tokens_per_second < 0 or self.delay_seconds < 0:
+            raise ValueError("tokens_per_second and delay_seconds must be >= 0")
+        if not self.model:
+            raise ValueError("model must not be empty")
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def updated(self, knobs: dict[str, Any]) -> SimConfig:
+        """A copy with run-time knobs applied; unknown or fixed knobs are an error."""
+        unknown = set(knobs) - RUNTIME_KNOBS
+        if unknown:
+            raise ValueError(f"not settable at run time: {', '.join(sorted(unknown))}")
+        typed: dict[str, Any] = {}
+        for name, value in knobs.items():
+            current = getattr(self, name)
+            # JSON gives ints for floats and the like; coerce to the field's type so
+            # a bad value fails here, not in the middle of a request.
+            if isinstance(current, bool):
+                if not isinstance(value, bool):
+                    raise ValueError(f"{name} must be true or false")
+                typed[name] = value
+            elif isinstance(current, int | float) and isinstance(value, int | float):
+                if isinstance(value, bool):
+                    raise ValueError(f"{name} must be a number")
+                if isinstance(current, int) and value != int(value):
+                    raise ValueError(f"{name} must be a whole number")
+                typed[name] = type(current)(value)
+            elif isinstance(current, str) and isinstance(value, str):
+                typed[name] = value
+            else:
+                raise ValueError(f"{name} must be a {type(current).__name__}")
+        return dataclasses.replace(self, **typed)

@@ -1,0 +1,247 @@
+"""vLLM's wire format (``vllm/entrypoints/openai``): ``engine/protocol.py``
+(ErrorResponse/ErrorInfo, ModelCard), ``engine/serving.py`` (``_validate_input``,
+``create_error_response``), ``chat_completion/serving.py`` (the stream generator:
+``exclude_unset`` chunks, ``"usage": null`` on each when usage is asked for, a final
+``choices: []`` usage chunk).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+
+from proxy.sim.config import SimConfig
+from proxy.sim.dialects import (
+    Dialect,
+    Plan,
+    SimError,
+    check_messages,
+    completion_text,
+    max_tokens_of,
+    rand_id,
+)
+from proxy.sim.tokenizer import prompt_tokens
+
+
+class VLLM(Dialect):
+    name = "vllm"
+
+    def error(
+        self, cfg: SimConfig, status: int, message: str, *, kind: str, param: str | None = None
+    ) -> SimError:
+        if cfg.error_style == "legacy":
+            # vLLM before the ErrorInfo envelope: flat, with "object": "error".
+            return SimError(
+                status,
+                {
+                    "object": "error",
+                    "message": message,
+                    "type": kind,
+                    "param": param,
+                    "code": status,
+                },
+            )
+        return SimError(
+            status, {"error": {"message": message, "type": kind, "param": param, "code": status}}
+        )
+
+    def invalid(self, cfg: SimConfig, message: str) -> SimError:
+        # FastAPI's RequestValidationError handler in vLLM's api_server: type is the
+        # status phrase there, not an exception name.
+        return self.error(cfg, 400, message, kind="Bad Request")
+
+    def check_model(self, cfg: SimConfig, model: Any) -> str:
+        if model is None or model == cfg.model or not cfg.strict_model:
+            return model if isinstance(model, str) and model else cfg.model
+        raise self.error(
+            cfg, 404, f"The model `{model}` does not exist.", kind="NotFoundError", param="model"
+        )
+
+    def prompt_too_long(self, cfg: SimConfig, prompt: int) -> SimError:
+        limit = cfg.max_model_len
+        if cfg.error_style == "legacy":
+            return self.error(
+                cfg,
+                400,
+                f"This model's maximum context length is {limit} tokens. However, you "
+                f"requested {prompt} tokens in the messages, Please reduce the length "
+                "of the messages.",
+                kind="BadRequestError",
+            )
+        return self.error(
+            cfg,
+            400,
+            f"This model's maximum context length is {limit} tokens. However, your "
+            f"request has {prompt} input tokens. Please reduce the length of the "
+            "input messages.",
+            kind="BadRequestError",
+            param="input_tokens",
+        )
+
+    def _context_error(self, cfg: SimConfig, prompt: int, max_tokens: int | None) -> None:
+        limit = cfg.max_model_len
+        if cfg.error_style == "legacy":
+            if max_tokens is None and prompt >= limit:
+                raise self.prompt_too_long(cfg, prompt)
+            if max_tokens is not None and prompt + max_tokens > limit:
+                message = (
+                    f"This model's maximum context length is {limit} tokens. However, you "
+                    f"requested {prompt + max_tokens} tokens ({prompt} in the messages, "
+                    f"{max_tokens} in the completion). Please reduce the length of the "
+                    "messages or completion."
+                )
+            else:
+                return
+            raise self.error(cfg, 400, message, kind="BadRequestError")
+        if prompt >= limit:
+            raise self.prompt_too_long(cfg, prompt)
+        if max_tokens is not None and prompt + max_tokens > limit:
+            raise self.error(
+                cfg,
+                400,
+                "'max_tokens' or 'max_completion_tokens' is too large: "
+                f"{max_tokens}. This model's maximum context length is {limit} tokens "
+                f"and your request has {prompt} input tokens ({max_tokens} > {limit} "
+                f"- {prompt}).",
+                kind="BadRequestError",
+                param="max_tokens",
+            )
+
+    def plan_chat(self, cfg: SimConfig, payload: dict[str, Any]) -> Plan:
+        messages = check_messages(self, cfg, payload)
+        model = self.check_model(cfg, payload.get("model"))
+        for message in messages:
+            # vLLM takes any role string (custom roles exist); the template decides.
+            if not isinstance(message.get("role"), str):
+                raise self.invalid(cfg, "messages: each message needs a role")
+        max_tokens = max_tokens_of(payload)
+        if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
+            raise self.invalid(cfg, "max_tokens: Input should be greater than or equal to 1")
+        prompt = prompt_tokens(messages, add_generation_prompt=True)
+        self._context_error(cfg, prompt, max_tokens)
+        room = max_tokens if max_tokens is not None else cfg.max_model_len - prompt
+        tokens = min(cfg.completion_tokens, room)
+        finish = "length" if room <= cfg.completion_tokens else "stop"
+        return Plan(model, prompt, tokens, finish)
+
+    def chat_body(self, plan: Plan, rid: str, created: int) -> bytes:
+        text = "".join(completion_text(plan.completion_tokens)).lstrip()
+        return orjson.dumps(
+            {
+                "id": rid,
+                "object": "chat.completion",
+                "created": created,
+                "model": plan.model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {
+                            "role": "assistant",
+                            "content": text,
+                            "refusal": None,
+                            "annotations": None,
+                            "audio": None,
+                            "function_call": None,
+                            "tool_calls": [],
+                            "reasoning_content": None,
+                        },
+                        "logprobs": None,
+                        "finish_reason": plan.finish_reason,
+                        "stop_reason": None,
+                    }
+                ],
+                "service_tier": None,
+                "system_fingerprint": None,
+                "usage": {
+                    "prompt_tokens": plan.prompt_tokens,
+                    "total_tokens": plan.prompt_tokens + plan.completion_tokens,
+                    "completion_tokens": plan.completion_tokens,
+                    "prompt_tokens_details": None,
+                },
+                "prompt_logprobs": None,
+                "kv_transfer_params": None,
+            }
+        )
+
+    def chat_stream(
+        self, plan: Plan, payload: dict[str, Any], rid: str, created: int
+    ) -> Iterator[bytes]:
+        options = payload.get("stream_options")
+        include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+        head = {
+            "id": rid,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": plan.model,
+        }
+
+        def event(choice: dict[str, Any]) -> bytes:
+            chunk: dict[str, Any] = {**head, "choices": [choice]}
+            if include_usage:
+                chunk["usage"] = None  # vLLM sets it explicitly on every chunk
+            return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+        yield event(
+            {
+                "index": 0,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": None,
+                "finish_reason": None,
+            }
+        )
+        words = completion_text(plan.completion_tokens) or [""]
+        for i, word in enumerate(words):
+            last = i == len(words) - 1
+            choice: dict[str, Any] = {
+                "index": 0,
+                "delta": {"content": word},
+                "logprobs": None,
+                "finish_reason": plan.finish_reason if last else None,
+            }
+            if last:
+                choice["stop_reason"] = None
+            yield event(choice)
+        if include_usage:
+            usage = {
+                "prompt_tokens": plan.prompt_tokens,
+                "completion_tokens": plan.completion_tokens,
+                "total_tokens": plan.prompt_tokens + plan.completion_tokens,
+            }
+            yield b"data: " + orjson.dumps({**head, "choices": [], "usage": usage}) + b"\n\n"
+        yield b"data: [DONE]\n\n"
+
+    def models(self, cfg: SimConfig) -> dict[str, Any]:
+        created = int(time.time())
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": cfg.model,
+                    "object": "model",
+                    "created": created,
+                    "owned_by": "vllm",
+                    "root": cfg.model,
+                    "parent": None,
+                    "max_model_len": cfg.max_model_len,
+                    "permission": [
+                        {
+                            "id": rand_id("modelperm-"),
+                            "object": "model_permission",
+                            "created": created,
+                            "allow_create_engine": False,
+                            "allow_sampling": True,
+                            "allow_logprobs": True,
+                            "allow_search_indices": False,
+                            "allow_view": True,
+                            "allow_fine_tuning": False,
+                            "organization": "*",
+                            "group": None,
+                            "is_blocking": False,
+                        }
+                    ],
+                }
+            ],
+        }

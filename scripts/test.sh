@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Sets up everything the test suite needs on a fresh machine and runs it:
+# system services (redis-server, promtool) from Debian's packages when missing,
+# the project's virtual environment, lint, type checks, then pytest. The real
+# FastChat stack builds its own environment inside the test setup (tests/e2e).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "== installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null
+.venv/bin/python -m pip install -q -e '.[test]'
+
+echo "== ruff"
+.venv/bin/ruff check proxy tests bench
+.venv/bin/ruff format --check proxy tests bench
+echo "== mypy (strict, proxy/)"
+.venv/bin/mypy
+echo "== pytest"
+exec .venv/bin/pytest "$@"

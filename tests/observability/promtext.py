@@ -1,0 +1,54 @@
+"""Reading a proxy's /metrics in tests: scrape over HTTP, look up samples by labels."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+
+@dataclass(frozen=True)
+class Scrape:
+    text: str
+    samples: dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+    def value(self, name: str, **labels: str) -> float:
+        """The sample's value; 0 when it is absent (a counter never incremented)."""
+        return self.samples.get((name, frozenset(labels.items())), 0.0)
+
+    def has(self, name: str, **labels: str) -> bool:
+        return (name, frozenset(labels.items())) in self.samples
+
+    def names(self) -> set[str]:
+        return {name for name, _ in self.samples}
+
+
+def scrape(base_url: str) -> Scrape:
+    # A new connection per scrape: with several workers, any of them may answer.
+    with httpx.Client(timeout=10.0) as client:
+        response = client.get(f"{base_url}/metrics")
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("text/plain")
+    samples = {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(response.text)
+        for s in family.samples
+    }
+    return Scrape(response.text, samples)
+
+
+def wait_for_scrape(
+    base_url: str, predicate: Callable[[Scrape], bool], timeout: float = 10.0
+) -> tuple[Scrape, float]:
+    """Scrape until ``predicate`` holds; the scrape and the seconds it took."""
+    start = time.monotonic()
+    while True:
+        result = scrape(base_url)
+        if predicate(result):
+            return result, time.monotonic() - start
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"never matched within {timeout}s; last scrape:\n{result.text}")
+        time.sleep(0.02)

@@ -1,0 +1,120 @@
+"""Request ids, the JSON formatter, the access record, and the metrics registry's
+rendering, in-process."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+from starlette.requests import Request
+
+from proxy.logs import (
+    REQUEST_ID_HEADER,
+    JsonFormatter,
+    RequestFacts,
+    ensure_request_id,
+    request_facts,
+    session_hash,
+)
+from proxy.metrics import Metrics, clear_multiprocess_dir, route_label
+
+
+def test_valid_client_request_id_is_kept_without_touching_headers() -> None:
+    headers = [(b"host", b"x"), (REQUEST_ID_HEADER, b"Abc.def_1-2")]
+    assert ensure_request_id(headers) == ("Abc.def_1-2", None)
+    assert ensure_request_id([(REQUEST_ID_HEADER, b"a" * 128)])[1] is None
+
+
+@pytest.mark.parametrize(
+    "values",
+    [[], [b""], [b"a" * 129], [b"has space"], [b"semi;colon"], [b"\xc3\xa9"], [b"a", b"b"]],
+    ids=["missing", "empty", "too-long", "space", "semicolon", "non-ascii", "repeated"],
+)
+def test_other_request_ids_are_replaced_by_one_generated(values: list[bytes]) -> None:
+    headers = [(b"host", b"x"), *((REQUEST_ID_HEADER, v) for v in values)]
+    rid, forwarded = ensure_request_id(headers)
+    assert len(rid) == 32 and int(rid, 16) >= 0
+    assert forwarded is not None
+    assert [v for k, v in forwarded if k == REQUEST_ID_HEADER] == [rid.encode()]
+    assert (b"host", b"x") in forwarded
+    assert ensure_request_id(headers)[0] != rid  # fresh each time
+
+
+def test_json_formatter_writes_one_object_with_fields_and_exceptions() -> None:
+    record = logging.LogRecord("trimproxy.access", logging.INFO, __file__, 1, "request", None, None)
+    record.fields = {"request_id": "r1", "status": 200, "quote": 'a "b"\nc'}
+    line = JsonFormatter().format(record)
+    assert "\n" not in line
+    parsed = orjson.loads(line)
+    assert parsed["logger"] == "trimproxy.access" and parsed["level"] == "info"
+    assert parsed["msg"] == "request" and parsed["status"] == 200
+    assert parsed["quote"] == 'a "b"\nc'
+    assert parsed["ts"].endswith("Z")
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        error = logging.LogRecord("x", logging.ERROR, __file__, 1, "%s!", ("bad",), sys.exc_info())
+    parsed = orjson.loads(JsonFormatter().format(error))
+    assert parsed["msg"] == "bad!" and "ValueError: boom" in parsed["exc"]
+
+
+def test_facts_fields_omit_what_is_unknown_and_hash_the_session() -> None:
+    facts = RequestFacts("r1")
+    base = facts.fields("GET", "/v1/models", 200, 0.0123456)
+    assert base == {
+        "request_id": "r1",
+        "method": "GET",
+        "path": "/v1/models",
+        "status": 200,
+        "duration_ms": 12.346,
+    }
+    facts.session_id = "alice@example.com"
+    facts.model = "m" * 1000
+    out = facts.fields("POST", "/x" * 500, 200, 0.0)
+    assert out["session"] == session_hash("alice@example.com") != "alice@example.com"
+    assert len(out["session"]) == 16
+    assert len(out["model"]) == 256 and len(out["path"]) == 256
+
+
+def test_request_facts_without_middleware_is_detached() -> None:
+    request = Request({"type": "http", "headers": [], "method": "GET", "path": "/"})
+    facts = request_facts(request)
+    facts.model = "m"  # harmless: nobody logs it
+    assert request_facts(request) is not facts
+
+
+def test_render_leaves_out_created_series() -> None:
+    metrics = Metrics()
+    metrics.requests.labels("/v1/models", "200").inc()
+    metrics.prompt_tokens.labels("received").observe(100)
+    metrics.estimate_error.observe(-3)
+    text = metrics.render().decode()
+    assert "_created" not in text
+    assert 'trimproxy_requests_total{code="200",route="/v1/models"} 1.0' in text
+    assert 'trimproxy_prompt_tokens_count{stage="received"} 1.0' in text
+    # Another registry in the same process keeps its _created series: no global switch.
+    from prometheus_client import CollectorRegistry, Counter, generate_latest
+
+    other = CollectorRegistry()
+    Counter("other_events", "x", registry=other).inc()
+    assert b"other_events_created" in generate_latest(other)
+
+
+def test_route_label_is_bounded() -> None:
+    assert route_label("/v1/chat/completions") == "/v1/chat/completions"
+    assert route_label("/v1/chat/completions/x") == "other"
+    assert route_label("/etc/passwd") == "other"
+
+
+def test_clear_multiprocess_dir_removes_only_metric_files(tmp_path: Path) -> None:
+    (tmp_path / "counter_1.db").write_bytes(b"x")
+    (tmp_path / "gauge_livesum_2.db").write_bytes(b"x")
+    (tmp_path / "notes.txt").write_text("keep")
+    clear_multiprocess_dir(str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == ["notes.txt"]
+    clear_multiprocess_dir(str(tmp_path / "new"))
+    assert (tmp_path / "new").is_dir()

@@ -1,0 +1,197 @@
+"""The upstream scraper in-process, against a real aiohttp server on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from proxy.metrics import Metrics
+from proxy.scrape import UpstreamScraper, parse_stats
+
+VLLM_V1 = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+vllm:num_requests_running{engine="1",model_name="m"} 2.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 1.0
+vllm:num_requests_waiting{engine="1",model_name="m"} 0.0
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
+vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.75
+# HELP vllm:kv_cache_usage_perc_extra not the same family
+# TYPE vllm:kv_cache_usage_perc_extra gauge
+vllm:kv_cache_usage_perc_extra 0.99
+# HELP vllm:e2e_request_latency_seconds Histogram of end to end request latency.
+# TYPE vllm:e2e_request_latency_seconds histogram
+vllm:e2e_request_latency_seconds_bucket{le="1.0",model_name="m"} 4.0
+vllm:e2e_request_latency_seconds_bucket{le="+Inf",model_name="m"} 5.0
+"""
+
+
+def test_parse_aggregates_engines_max_kv_and_summed_queues() -> None:
+    stats = parse_stats(VLLM_V1)
+    assert stats.kv_cache_usage == 0.75
+    assert stats.running == 5
+    assert stats.waiting == 1
+
+
+def test_parse_older_name_and_prefers_the_newer_when_both() -> None:
+    old = '# TYPE vllm:gpu_cache_usage_perc gauge\nvllm:gpu_cache_usage_perc{model_name="m"} 0.5\n'
+    assert parse_stats(old).kv_cache_usage == 0.5
+    assert parse_stats(old).running is None
+    both = old + 'vllm:kv_cache_usage_perc{model_name="m"} 0.125\n'
+    assert parse_stats(both).kv_cache_usage == 0.125
+
+
+def test_parse_without_kv_or_with_nan() -> None:
+    assert parse_stats("").kv_cache_usage is None
+    assert parse_stats("up 1\n").kv_cache_usage is None
+    assert parse_stats("vllm:kv_cache_usage_perc NaN\n").kv_cache_usage is None
+
+
+class Upstream:
+    """A loopback server whose ``/metrics`` answers ``status`` with ``body``."""
+
+    def __init__(self) -> None:
+        self.status = 200
+        self.body = VLLM_V1
+        self.hits = 0
+        self.url = ""
+
+    async def handle(self, request: web.Request) -> web.Response:
+        self.hits += 1
+        return web.Response(status=self.status, text=self.body)
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[Upstream]:
+    fake = Upstream()
+    app = web.Application()
+    app.router.add_get("/metrics", fake.handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    fake.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    yield fake
+    await runner.cleanup()
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as client:
+        yield client
+
+
+def value(metrics: Metrics, name: str) -> float:
+    result = metrics.registry.get_sample_value(name)
+    assert result is not None
+    return result
+
+
+async def test_scrape_exports_and_says_a_404_once(
+    upstream: Upstream, session: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
+) -> None:
+    metrics = Metrics()
+    scraper = UpstreamScraper(session, upstream.url, metrics, 5.0)
+    assert await scraper.scrape_once()
+    assert value(metrics, "trimproxy_upstream_kv_cache_usage_ratio") == 0.75
+    assert value(metrics, "trimproxy_upstream_requests_running") == 5
+    assert value(metrics, "trimproxy_upstream_requests_waiting") == 1
+    assert value(metrics, "trimproxy_upstream_metrics_up") == 1
+
+    upstream.status = 404
+    with caplog.at_level(logging.INFO, logger="trimproxy.scrape"):
+        for _ in range(5):
+            assert not await scraper.scrape_once()
+    assert len([r for r in caplog.records if "404" in r.getMessage()]) == 1
+    assert value(metrics, "trimproxy_upstream_metrics_up") == 0
+    # The last value stays; metrics_up says it is stale.
+    assert value(metrics, "trimproxy_upstream_kv_cache_usage_ratio") == 0.75
+
+    upstream.status = 200
+    upstream.body = VLLM_V1.replace("0.75", "0.5")
+    assert await scraper.scrape_once()
+    assert value(metrics, "trimproxy_upstream_kv_cache_usage_ratio") == 0.5
+
+
+async def test_unreachable_and_metricless_upstreams(
+    upstream: Upstream, session: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
+) -> None:
+    metrics = Metrics()
+    upstream.body = "# a /metrics of something else\nup 1\n"
+    with caplog.at_level(logging.INFO, logger="trimproxy.scrape"):
+        scraper = UpstreamScraper(session, upstream.url, metrics, 5.0)
+        assert not await scraper.scrape_once()
+        assert not await scraper.scrape_once()
+        gone = UpstreamScraper(session, "http://127.0.0.1:9", metrics, 5.0)  # discard port
+        assert not await gone.scrape_once()
+        assert not await gone.scrape_once()
+    messages = [r.getMessage() for r in caplog.records]
+    assert len([m for m in messages if "has no vllm:kv_cache_usage_perc" in m]) == 1
+    assert len([m for m in messages if "failed" in m]) == 1
+    assert value(metrics, "trimproxy_upstream_metrics_up") == 0
+
+
+async def test_background_task_backs_off_while_the_upstream_has_nothing(
+    upstream: Upstream, session: aiohttp.ClientSession
+) -> None:
+    upstream.status = 404
+    scraper = UpstreamScraper(session, upstream.url, Metrics(), 0.05)
+    scraper.start()
+    await asyncio.sleep(1.0)
+    await scraper.stop()
+    # 0.05 s apart would be ~20 scrapes; doubling from 0.05 s: 0, 0.1, 0.3, 0.7.
+    assert 2 <= upstream.hits <= 5
+    upstream.status = 200
+    upstream.hits = 0
+    scraper = UpstreamScraper(session, upstream.url, Metrics(), 0.05)
+    scraper.start()
+    await asyncio.sleep(0.5)
+    await scraper.stop()
+    assert upstream.hits >= 6
+
+
+async def test_only_the_lock_holder_scrapes(
+    upstream: Upstream, session: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    lock = str(tmp_path / "upstream-scraper.lock")
+    first = UpstreamScraper(session, upstream.url, Metrics(), 0.05, lock_path=lock)
+    second_metrics = Metrics()
+    second = UpstreamScraper(session, upstream.url, second_metrics, 0.05, lock_path=lock)
+    first.start()
+    await asyncio.sleep(0.2)
+    second.start()
+    await asyncio.sleep(0.3)
+    # The second never scraped: its gauge still has the value it was created with.
+    assert value(second_metrics, "trimproxy_upstream_kv_cache_usage_ratio") == 0
+    await first.stop()  # releases the lock; the second takes over
+    await asyncio.sleep(0.3)
+    await second.stop()
+    assert value(second_metrics, "trimproxy_upstream_kv_cache_usage_ratio") == 0.75
+    assert value(second_metrics, "trimproxy_upstream_metrics_up") == 1
+
+
+async def test_a_malformed_metrics_page_is_a_failed_scrape(
+    upstream: Upstream, session: aiohttp.ClientSession
+) -> None:
+    upstream.body = 'vllm:kv_cache_usage_perc{engine="0" 0.5\n'
+    metrics = Metrics()
+    scraper = UpstreamScraper(session, upstream.url, metrics, 0.05)
+    assert not await scraper.scrape_once()
+    assert value(metrics, "trimproxy_upstream_metrics_up") == 0
+    scraper.start()  # and the background task lives on through it
+    await asyncio.sleep(0.3)
+    upstream.body = VLLM_V1
+    await asyncio.sleep(1.2)  # backed off to 0.4 s by now: one more scrape at most 0.8 s away
+    await scraper.stop()
+    assert value(metrics, "trimproxy_upstream_kv_cache_usage_ratio") == 0.75

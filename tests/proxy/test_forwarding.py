@@ -1,0 +1,191 @@
+"""What the upstream really receives, through a real proxy process."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import orjson
+
+from tests.conftest import ProxyProcess, SimUpstream
+
+StartProxy = Callable[..., ProxyProcess]
+
+
+def received_headers(record: dict[str, Any]) -> dict[str, str]:
+    return {str(k).lower(): v for k, v in record["headers"]}
+
+
+def conversation(turns: int, words: int = 40) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are terse."}]
+    for k in range(turns):
+        messages.append({"role": "user", "content": f"question {k} " + "lorem ipsum " * words})
+        messages.append({"role": "assistant", "content": f"answer {k} " + "dolor sit " * words})
+    messages.append({"role": "user", "content": "and now?"})
+    return messages
+
+
+def test_untrimmed_body_reaches_upstream_byte_for_byte(
+    proxy_server: StartProxy, sim_upstream: SimUpstream
+) -> None:
+    proxy = proxy_server(tokenizer="approx")
+    # Odd spacing, key order and escapes: a re-serialised body would differ.
+    raw = (
+        b'{ "model" : "sim-model",\n "messages":[{"role":"user","content":"caf\\u00e9  "}],'
+        b' "temperature": 0.50, "x_vendor": {"keep": [1, 2.0, null]}, "max_tokens": 8 }'
+    )
+    r = httpx.post(f"{proxy.url}/v1/chat/completions", content=raw)
+    assert r.status_code == 200, r.text
+    assert r.headers["x-trimproxy-trimmed-messages"] == "0"
+    (received,) = sim_upstream.chat_requests()
+    assert received["body"].encode() == raw
+
+
+def test_trimmed_request_keeps_system_last_turn_and_unknown_fields(
+    proxy_server: StartProxy, sim_upstream: SimUpstream
+) -> None:
+    proxy = proxy_server(tokenizer="approx", max_prompt_tokens=1000)
+    messages = conversation(30)
+    body = {
+        "model": "sim-model",
+        "messages": messages,
+        "max_tokens": 16,
+        "temperature": 0.2,
+        "x_vendor": {"nested": [1, 2]},
+    }
+    r = httpx.post(f"{proxy.url}/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    (received,) = sim_upstream.chat_requests()
+    sent = received["json"]
+    forwarded = sent["messages"]
+    dropped = int(r.headers["x-trimproxy-trimmed-messages"])
+    assert dropped > 0 and len(forwarded) == len(messages) - dropped
+    assert forwarded[0] == messages[0]
+    assert forwarded[-1] == messages[-1]
+    assert forwarded[1]["role"] == "user"
+    # Kept messages are the originals, in order: a contiguous tail after the system.
+    assert forwarded[1:] == messages[len(messages) - len(forwarded) + 1 :]
+    assert int(r.headers["x-trimproxy-prompt-tokens"]) <= 1000
+    assert {k: v for k, v in sent.items() if k != "messages"} == {
+        k: v for k, v in body.items() if k != "messages"
+    }
+
+
+def test_budget_comes_from_the_upstreams_max_model_len(
+    proxy_server: StartProxy, sim_upstream_factory: Callable[..., SimUpstream]
+) -> None:
+    sim = sim_upstream_factory("vllm", max_model_len=1200)
+    proxy = proxy_server(upstream=sim, tokenizer="approx")
+    r = httpx.post(
+        f"{proxy.url}/v1/chat/completions",
+        json={"model": "sim-model", "messages": conversation(30), "max_tokens": 200},
+    )
+    assert r.status_code == 200, r.text
+    assert int(r.headers["x-trimproxy-trimmed-messages"]) > 0
+    assert int(r.headers["x-trimproxy-prompt-tokens"]) <= 1200 - 200
+
+
+def test_fastchat_context_window_from_token_check(
+    proxy_server: StartProxy, sim_upstream_factory: Callable[..., SimUpstream]
+) -> None:
+    sim = sim_upstream_factory("fastchat", max_model_len=1000)
+    proxy = proxy_server(upstream=sim, tokenizer="approx")
+    r = httpx.post(
+        f"{proxy.url}/v1/chat/completions",
+        json={"model": "sim-model", "messages": conversation(30), "max_tokens": 100},
+    )
+    assert r.status_code == 200, r.text
+    assert int(r.headers["x-trimproxy-prompt-tokens"]) <= 900
+    paths = [req["path"] for req in sim.requests()]
+    assert "/api/v1/token_check" in paths
+
+
+def test_headers_hop_by_hop_dropped_and_request_id_passed(
+    proxy_server: StartProxy, sim_upstream: SimUpstream
+) -> None:
+    proxy = proxy_server(tokenizer="approx")
+    r = httpx.post(
+        f"{proxy.url}/v1/chat/completions",
+        json={"model": "sim-model", "messages": [{"role": "user", "content": "hi"}]},
+        headers={
+            "Authorization": "Bearer client-key",
+            "X-Request-ID": "req-123",
+            "Proxy-Authorization": "Basic c2VjcmV0",
+            "TE": "trailers",
+            "X-Custom": "kept",
+        },
+    )
+    assert r.status_code == 200
+    (received,) = sim_upstream.chat_requests()
+    headers = received_headers(received)
+    assert headers["x-request-id"] == "req-123"
+    assert headers["x-custom"] == "kept"
+    assert "proxy-authorization" not in headers and "te" not in headers
+    # An open proxy with no upstream key is transparent to the upstream's own auth.
+    assert headers["authorization"] == "Bearer client-key"
+
+
+def test_upstream_key_replaces_the_clients(
+    proxy_server: StartProxy, sim_upstream: SimUpstream
+) -> None:
+    proxy = proxy_server(tokenizer="approx", api_keys="k1,k2", upstream_api_key="up-secret")
+    r = httpx.post(
+        f"{proxy.url}/v1/chat/completions",
+        json={"model": "sim-model", "messages": [{"role": "user", "content": "hi"}]},
+        headers={"Authorization": "Bearer k2"},
+    )
+    assert r.status_code == 200, r.text
+    (received,) = sim_upstream.chat_requests()
+    headers = received_headers(received)
+    assert headers["authorization"] == "Bearer up-secret"
+
+
+def test_proxy_key_never_travels_upstream(
+    proxy_server: StartProxy, sim_upstream: SimUpstream
+) -> None:
+    proxy = proxy_server(tokenizer="approx", api_keys="k1")
+    r = httpx.get(f"{proxy.url}/v1/models", headers={"Authorization": "Bearer k1"})
+    assert r.status_code == 200
+    (received,) = sim_upstream.requests("/v1/models")
+    assert "authorization" not in received_headers(received)
+
+
+def test_other_routes_pass_through(proxy_server: StartProxy, sim_upstream: SimUpstream) -> None:
+    proxy = proxy_server(tokenizer="approx")
+    with httpx.Client(base_url=proxy.url) as client:
+        models = client.get("/v1/models")
+        assert models.status_code == 200
+        assert models.json()["data"][0]["id"] == "sim-model"
+        completion = client.post(
+            "/v1/completions?trace=1", json={"model": "sim-model", "prompt": "hi", "max_tokens": 4}
+        )
+        assert completion.status_code == 200
+        assert completion.json()["object"] == "text_completion"
+        embeddings = client.post("/v1/embeddings", json={"model": "sim-model", "input": "hi"})
+        assert embeddings.status_code == 200
+        tokenized = client.post("/tokenize", json={"model": "sim-model", "prompt": "a b c"})
+        assert tokenized.status_code == 200
+        assert tokenized.json()["count"] > 0
+    paths = [req["path"] for req in sim_upstream.requests()]
+    assert paths.count("/v1/completions") == 1
+    completions = sim_upstream.requests("/v1/completions")
+    assert orjson.loads(completions[0]["body"]) == {
+        "model": "sim-model",
+        "prompt": "hi",
+        "max_tokens": 4,
+    }
+
+
+def test_health_and_readiness(
+    proxy_server: StartProxy, sim_upstream_factory: Callable[..., SimUpstream]
+) -> None:
+    sim = sim_upstream_factory("vllm")
+    proxy = proxy_server(upstream=sim, tokenizer="approx")
+    assert httpx.get(f"{proxy.url}/healthz").status_code == 200
+    assert httpx.get(f"{proxy.url}/readyz").status_code == 200
+    sim.stop()
+    assert httpx.get(f"{proxy.url}/healthz").status_code == 200
+    not_ready = httpx.get(f"{proxy.url}/readyz")
+    assert not_ready.status_code == 503
+    assert not_ready.json()["status"] == "not ready"

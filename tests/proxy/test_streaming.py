@@ -1,0 +1,106 @@
+"""The official openai SDK through the proxy, streaming relay, and client disconnects."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import ProxyProcess, SimUpstream
+
+StartProxy = Callable[..., ProxyProcess]
+
+
+def history(turns: int) -> list[Any]:
+    messages: list[Any] = [{"role": "system", "content": "You are terse."}]
+    for k in range(turns):
+        messages.append({"role": "user", "content": f"q{k} " + "lorem ipsum " * 40})
+        messages.append({"role": "assistant", "content": f"a{k} " + "dolor sit " * 40})
+    messages.append({"role": "user", "content": "last question"})
+    return messages
+
+
+def test_openai_sdk_non_streaming(proxy_server: StartProxy, sim_upstream: SimUpstream) -> None:
+    proxy = proxy_server(tokenizer="approx", max_prompt_tokens=800)
+    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="unused", max_retries=0)
+    raw = client.chat.completions.with_raw_response.create(
+        model="sim-model", messages=history(20), max_tokens=8
+    )
+    completion = raw.parse()
+    assert completion.choices[0].message.role == "assistant"
+    assert completion.usage is not None and completion.usage.prompt_tokens > 0
+    assert int(raw.headers["x-trimproxy-trimmed-messages"]) > 0
+    assert int(raw.headers["x-trimproxy-prompt-tokens"]) <= 800
+    client.close()
+
+
+def test_openai_sdk_streaming(proxy_server: StartProxy, sim_upstream: SimUpstream) -> None:
+    proxy = proxy_server(tokenizer="approx", max_prompt_tokens=800)
+    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="unused", max_retries=0)
+    stream = client.chat.completions.create(
+        model="sim-model",
+        messages=history(20),
+        max_tokens=8,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text
+    usage = [c.usage for c in chunks if c.usage is not None]
+    assert len(usage) == 1 and usage[0].completion_tokens == 8
+    (received,) = sim_upstream.chat_requests()
+    assert received["json"]["stream"] is True
+    client.close()
+
+
+def test_stream_chunks_arrive_as_generated_not_buffered(
+    proxy_server: StartProxy, sim_upstream: SimUpstream
+) -> None:
+    proxy = proxy_server(tokenizer="approx")
+    sim_upstream.configure(tokens_per_second=10, completion_tokens=10)
+    body = {"model": "sim-model", "messages": history(1), "stream": True, "max_tokens": 10}
+    arrivals = []
+    start = time.monotonic()
+    with httpx.stream("POST", f"{proxy.url}/v1/chat/completions", json=body, timeout=10) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                arrivals.append(time.monotonic() - start)
+    # Ten tokens at 10/s: the first arrives long before the last.
+    assert len(arrivals) >= 10
+    assert arrivals[-1] - arrivals[0] > 0.6
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_client_disconnect_closes_the_upstream_at_once(
+    proxy_server: StartProxy, sim_upstream: SimUpstream, stream: bool
+) -> None:
+    proxy = proxy_server(tokenizer="approx")
+    sim_upstream.configure(tokens_per_second=4, completion_tokens=200)
+    body = (
+        '{"model": "sim-model", "max_tokens": 200, "stream": %s, '
+        '"messages": [{"role": "user", "content": "write a long story"}]}'
+    ) % ("true" if stream else "false")
+    sock = socket.create_connection(("127.0.0.1", proxy.port))
+    sock.sendall(
+        (
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n{body}"
+        ).encode()
+    )
+    sim_upstream.wait_for_state(lambda s: s["running"] == 1, timeout=5)
+    if stream:
+        assert b"data:" in sock.recv(4096)  # the stream is flowing
+    left = time.monotonic()
+    sock.close()
+    state = sim_upstream.wait_for_state(
+        lambda s: s["disconnects"] == 1 and s["running"] == 0, timeout=1.5
+    )
+    assert time.monotonic() - left < 1.5
+    assert state["kv_used_blocks"] == 0

@@ -1,0 +1,33 @@
+"""A real ``redis-server`` on a free loopback port, started and stopped by the tests.
+
+``redis_server`` is per test (a start is ~20 ms), so no state leaks between tests and
+a test may stop and restart it on the same port to simulate an outage.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+_ROOT = Path(__file__).resolve().parents[2]
+if str(_ROOT) not in sys.path:
+    sys.path.insert(0, str(_ROOT))  # `tests.*` importable however pytest was started
+
+from tests.sessions.redis_server import REDIS_BIN, RedisServer  # noqa: E402
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    if REDIS_BIN is None:
+        pytest.fail("redis-server is not installed (apt-get install redis-server)")
+    with tempfile.TemporaryDirectory(prefix="trimproxy-redis-") as tmp:
+        server = RedisServer(REDIS_BIN, Path(tmp))
+        server.start()
+        try:
+            yield server
+        finally:
+            server.stop()

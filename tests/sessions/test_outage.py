@@ -1,0 +1,112 @@
+"""The Redis store when Redis is down, hangs, or comes back."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from proxy.fingerprint import conversation_probe
+from proxy.redis_store import RedisStore
+from proxy.sessions import Limits, StoreUnavailable
+from tests.sessions.helpers import conversation
+from tests.sessions.redis_server import RedisServer, free_port
+
+pytestmark = pytest.mark.redis
+
+LIMITS = Limits(max_turns=3, max_age=None, action="reset", idle_ttl=60)
+PROBE = conversation_probe(conversation(4))
+
+
+def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "trimproxy.sessions" and r.levelno == logging.WARNING
+    ]
+
+
+@pytest.fixture
+def silent_server() -> Iterator[int]:
+    """A port that accepts connections and never answers: a hung Redis."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(64)
+        yield int(sock.getsockname()[1])
+
+
+async def test_dead_redis_fails_fast_and_then_without_trying(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = RedisStore(f"redis://127.0.0.1:{free_port()}/0", retry_interval=5.0)
+    try:
+        started = time.perf_counter()
+        with pytest.raises(StoreUnavailable):
+            await store.admit("k", PROBE, LIMITS)
+        assert time.perf_counter() - started < 1.0
+        started = time.perf_counter()
+        for _ in range(200):
+            with pytest.raises(StoreUnavailable):
+                await store.admit("k", PROBE, LIMITS)
+        assert time.perf_counter() - started < 0.2  # inside the retry interval: no I/O
+    finally:
+        await store.aclose()
+    assert len(warnings_of(caplog)) == 1
+
+
+async def test_hung_redis_times_out_after_the_deadline(silent_server: int) -> None:
+    store = RedisStore(f"redis://127.0.0.1:{silent_server}/0", timeout=0.3)
+    try:
+        started = time.perf_counter()
+        with pytest.raises(StoreUnavailable):
+            await store.admit("k", PROBE, LIMITS)
+        elapsed = time.perf_counter() - started
+    finally:
+        await store.aclose()
+    assert 0.25 < elapsed < 0.8
+
+
+async def test_an_outage_is_logged_once_per_interval(caplog: pytest.LogCaptureFixture) -> None:
+    now = [0.0]
+    store = RedisStore(
+        f"redis://127.0.0.1:{free_port()}/0",
+        retry_interval=1.0,
+        log_interval=30.0,
+        clock=lambda: now[0],
+    )
+    try:
+        for _ in range(130):  # 65 s of requests, two a second, half of them skipped
+            with pytest.raises(StoreUnavailable):
+                await store.admit("k", PROBE, LIMITS)
+            now[0] += 0.5
+    finally:
+        await store.aclose()
+    logged = warnings_of(caplog)
+    assert len(logged) == 3, logged  # at 0 s, 30 s, 60 s; 0.5 s to 30 s is 60 requests
+    assert "unavailable (ConnectionError)" in logged[0]
+    assert "still unavailable after 30 s; 60 requests unchecked" in logged[1]
+
+
+async def test_limits_apply_again_after_redis_restarts(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = RedisStore(redis_server.url, retry_interval=0.2)
+    try:
+        assert (await store.admit("k", PROBE, LIMITS)).outcome == "reset"
+        redis_server.stop()
+        with pytest.raises(StoreUnavailable):
+            await store.admit("k", PROBE, LIMITS)
+        redis_server.start()
+        await asyncio.sleep(0.25)
+        # Redis ran without persistence, so the session starts over: turn 4 > 3 again.
+        decision = await store.admit("k", PROBE, LIMITS)
+        assert (decision.outcome, decision.base) == ("reset", 3)
+        assert (await store.admit("k", PROBE, LIMITS)).outcome == "pass"
+    finally:
+        await store.aclose()
+    logged = warnings_of(caplog)
+    assert len(logged) == 2 and "is back after" in logged[1]

@@ -1,0 +1,52 @@
+"""The ``proxy_server`` fixture end to end: a real ``trimproxy serve`` in front of the
+session sim, as the other suites use it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from tests.conftest import ProxyProcess, SimUpstream
+
+CHAT = "/v1/chat/completions"
+BODY = {"model": "sim-model", "messages": [{"role": "user", "content": "hello"}]}
+
+
+def test_proxy_server_forwards_to_the_sim(
+    proxy_server: Callable[..., ProxyProcess], sim_upstream: SimUpstream
+) -> None:
+    proxy = proxy_server(tokenizer="approx")
+    answer = httpx.post(proxy.url + CHAT, json=BODY, timeout=10)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["usage"]["completion_tokens"] == 16
+    (record,) = sim_upstream.chat_requests()
+    assert record["json"] == BODY
+    assert proxy.process.poll() is None
+    assert isinstance(proxy.logs(), str)
+
+
+def test_upstream_sees_a_client_leave_within_1_5_s(
+    proxy_server: Callable[..., ProxyProcess], sim_upstream: SimUpstream
+) -> None:
+    """A streaming client that goes away mid-answer: the proxy closes its upstream
+    request, and the sim (vLLM would abort and free the KV blocks) notices quickly."""
+    sim_upstream.configure(tokens_per_second=5, completion_tokens=200)
+    proxy = proxy_server(tokenizer="approx")
+    body: dict[str, Any] = {**BODY, "stream": True}
+    with (
+        httpx.Client(timeout=10) as client,
+        client.stream("POST", proxy.url + CHAT, json=body) as r,
+    ):
+        assert r.status_code == 200
+        lines = r.iter_lines()  # kept: closing this iterator would close the connection
+        next(lines)  # the first chunk arrived: the upstream is generating
+        sim_upstream.wait_for_state(lambda s: s["running"] == 1 and s["kv_used_blocks"] > 0)
+    left = time.monotonic()  # the client's connection is closed here
+    state = sim_upstream.wait_for_state(lambda s: s["running"] == 0, timeout=1.5)
+    assert time.monotonic() - left < 1.5
+    assert state["disconnects"] == 1 and state["kv_used_blocks"] == 0
+    (record,) = sim_upstream.chat_requests()
+    assert record["disconnected"] is True

@@ -1,0 +1,40 @@
+"""estimate_error reads usage.prompt_tokens from a response body."""
+
+from __future__ import annotations
+
+import orjson
+
+from proxy.tokens import estimate_error
+from proxy.tokens.usage import upstream_prompt_tokens
+
+
+def body(content: str, usage: object = None) -> bytes:
+    data: dict[str, object] = {
+        "id": "chatcmpl-1", "object": "chat.completion", "model": "m",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
+                     "finish_reason": "stop"}],
+    }
+    if usage is not None:
+        data["usage"] = usage
+    return orjson.dumps(data)
+
+
+def test_difference_is_ours_minus_upstreams() -> None:
+    b = body("hi", {"prompt_tokens": 120, "completion_tokens": 3, "total_tokens": 123})
+    assert estimate_error(125, b) == 5
+    assert estimate_error(100, b) == -20
+
+
+def test_no_usage_or_not_json() -> None:
+    assert estimate_error(10, body("hi")) is None
+    assert estimate_error(10, b"<html>bad gateway</html>") is None
+    assert estimate_error(10, body("hi", {"prompt_tokens": "12"})) is None
+
+
+def test_large_bodies_use_the_tail_and_ignore_quoted_text() -> None:
+    trap = 'the text says "prompt_tokens": 999 and more ' * 500  # escaped inside JSON
+    b = body(trap, {"prompt_tokens": 7, "completion_tokens": 1,
+                    "prompt_tokens_details": {"cached_tokens": 4}})
+    assert len(b) > 4096
+    assert upstream_prompt_tokens(b) == 7
+    assert upstream_prompt_tokens(body(trap)) is None
