@@ -88,15 +88,23 @@ async def timed(fn: Callable[[], Awaitable[Any]]) -> tuple[float, Any]:
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tokenizer", type=Path, default=None)
-    parser.add_argument("--tiny", default=None, metavar="TEMPLATE",
-                        help="the tests' tiny tokenizer with a template from "
-                        "tests/tokens/templates.py (e.g. tools_default_system, Qwen2.5-like)")
+    parser.add_argument(
+        "--tiny",
+        default=None,
+        metavar="TEMPLATE",
+        help="the tests' tiny tokenizer with a template from "
+        "tests/tokens/templates.py (e.g. tools_default_system, Qwen2.5-like)",
+    )
     parser.add_argument("--messages", type=int, default=200)
     parser.add_argument("--words", type=int, default=230, help="words per message, about")
     parser.add_argument("--tiktoken", default=None, help="also time tiktoken:<encoding>")
-    parser.add_argument("--repeat", type=int, default=3,
-                        help="time each request this many times, keep the fastest "
-                        "(a shared machine's noise only ever adds time)")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=3,
+        help="time each request this many times, keep the fastest "
+        "(a shared machine's noise only ever adds time)",
+    )
     args = parser.parse_args()
     if args.tiny:
         args.tokenizer = tiny_with_template(args.tiny)
@@ -124,8 +132,9 @@ async def main() -> None:
         best = float("inf")
         for _ in range(args.repeat):
             start = time.perf_counter()
-            ids = tok.apply_chat_template(conv, add_generation_prompt=True, tokenize=True,
-                                          return_dict=False)
+            ids = tok.apply_chat_template(
+                conv, add_generation_prompt=True, tokenize=True, return_dict=False
+            )
             best = min(best, time.perf_counter() - start)
         times["apply_chat_template"].append(best)
         expected.append(len(ids))
@@ -153,14 +162,20 @@ async def main() -> None:
     tail = max(1, len(reqs) // 10)
     ref_all = statistics.median(times["apply_chat_template"])
     ref_tail = statistics.median(times["apply_chat_template"][-tail:])
-    print(f"tokenizer: {args.tokenizer.name}  requests: {len(reqs)}  "
-          f"last request: {len(reqs[-1])} messages, {final_tokens} tokens")
-    print(f"{'counter':24} {'median/request':>15} {'x faster':>9} "
-          f"{'median, last ' + str(tail):>18} {'x faster':>9}")
+    print(
+        f"tokenizer: {args.tokenizer.name}  requests: {len(reqs)}  "
+        f"last request: {len(reqs[-1])} messages, {final_tokens} tokens"
+    )
+    print(
+        f"{'counter':24} {'median/request':>15} {'x faster':>9} "
+        f"{'median, last ' + str(tail):>18} {'x faster':>9}"
+    )
     for name, values in times.items():
         med, med_tail = statistics.median(values), statistics.median(values[-tail:])
-        print(f"{name:24} {med * 1e3:12.2f} ms {ref_all / med:9.1f} "
-              f"{med_tail * 1e3:15.2f} ms {ref_tail / med_tail:9.1f}")
+        print(
+            f"{name:24} {med * 1e3:12.2f} ms {ref_all / med:9.1f} "
+            f"{med_tail * 1e3:15.2f} ms {ref_tail / med_tail:9.1f}"
+        )
     await hf.aclose()
 
 

@@ -16,7 +16,7 @@ from proxy.errors import ProxyError, envelope
 from proxy.logs import request_facts, setup_logging
 from proxy.metrics import Metrics
 from proxy.middleware import Accounting, ApiKeys, InFlightLimit
-from proxy.routes import router
+from proxy.routes import routes
 from proxy.scrape import build_scraper
 from proxy.sessions import build_sessions
 from proxy.settings import Settings
@@ -79,7 +79,7 @@ def create_app(settings: Settings | None = None, metrics: Metrics | None = None)
         redoc_url=None,
         openapi_url=None,
     )
-    app.include_router(router)
+    app.router.routes.extend(routes)
     app.add_exception_handler(ProxyError, _proxy_error)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _unexpected)

@@ -90,14 +90,3 @@ def with_messages(request: ChatRequest, messages: list[Message]) -> bytes:
     body = dict(request.body)
     body["messages"] = messages
     return orjson.dumps(body)
-
-
-def usage_prompt_tokens(body: bytes) -> int | None:
-    """``usage.prompt_tokens`` of a non-streaming answer, if it has one."""
-    try:
-        parsed = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return None
-    usage = parsed.get("usage") if isinstance(parsed, dict) else None
-    tokens = usage.get("prompt_tokens") if isinstance(usage, dict) else None
-    return tokens if isinstance(tokens, int) else None

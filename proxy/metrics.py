@@ -17,6 +17,7 @@ from __future__ import annotations
 import glob
 import os
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -197,6 +198,25 @@ class Metrics:
             "Chat requests whose session check failed because the store was unavailable.",
             registry=r,
         )
+
+        # Children of the per-request series, resolved once: labels() takes a lock and
+        # builds a key on every call, and the hot path needs only a handful.
+        self.prompt_received = self.prompt_tokens.labels("received")
+        self.prompt_forwarded = self.prompt_tokens.labels("forwarded")
+        self.chat_ttfb = self.upstream_ttfb.labels("/v1/chat/completions")
+        self._answered: dict[tuple[str, int], tuple[Any, Any]] = {}
+
+    def answered(self, route: str, status: int, seconds: float) -> None:
+        """Count one answered request and its duration."""
+        children = self._answered.get((route, status))
+        if children is None:
+            children = (
+                self.requests.labels(route, str(status)),
+                self.request_duration.labels(route),
+            )
+            self._answered[(route, status)] = children
+        children[0].inc()
+        children[1].observe(seconds)
 
     def render(self) -> bytes:
         directory = multiprocess_dir()

@@ -86,8 +86,7 @@ class Accounting:
         finally:
             elapsed = time.perf_counter() - start
             self.metrics.in_flight.dec()
-            self.metrics.requests.labels(route, str(status)).inc()
-            self.metrics.request_duration.labels(route).observe(elapsed)
+            self.metrics.answered(route, status, elapsed)
             level = logging.DEBUG if route in _QUIET_ROUTES else logging.INFO
             if self.access.isEnabledFor(level):
                 fields = facts.fields(scope["method"], path, status, elapsed)

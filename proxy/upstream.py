@@ -12,6 +12,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
+from types import TracebackType
 from typing import Any
 
 import aiohttp
@@ -19,7 +20,12 @@ import orjson
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from proxy.errors import ClientClosedRequest, upstream_error_kind, upstream_failure
+from proxy.errors import (
+    ClientClosedRequest,
+    UpstreamUnavailable,
+    upstream_error_kind,
+    upstream_failure,
+)
 from proxy.settings import Settings
 
 log = logging.getLogger("trimproxy.upstream")
@@ -112,21 +118,15 @@ class Upstream:
         client leaves first, the request is cancelled, which closes the upstream
         connection and lets the server abort the generation.
         """
-        sending = asyncio.ensure_future(
-            self.session.request(
-                method, self.base_url + path, headers=headers, data=body, allow_redirects=False
-            )
-        )
-        if client_gone is not None:
-            await asyncio.wait((sending, client_gone), return_when=asyncio.FIRST_COMPLETED)
-            if not sending.done():
-                sending.cancel()
-                await asyncio.gather(sending, return_exceptions=True)
-                raise ClientClosedRequest("The client closed the connection before the answer.")
-        try:
-            return await sending
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            raise upstream_failure(exc, self.base_url, self.read_timeout) from exc
+        with CancelOnDisconnect(client_gone) as watch:
+            try:
+                return await self.session.request(
+                    method, self.base_url + path, headers=headers, data=body, allow_redirects=False
+                )
+            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                raise upstream_failure(exc, self.base_url, self.read_timeout) from exc
+        assert watch.fired  # only a disconnect ends the block without a return
+        raise ClientClosedRequest("The client closed the connection before the answer.")
 
     async def get_json(self, path: str, timeout: float = 5.0) -> Any:
         """A small GET for the proxy's own use (models, readiness); None on failure."""
@@ -265,19 +265,13 @@ class Relay(Response):
         self.background = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        pump = asyncio.ensure_future(self._pump(send))
-        watch = self._client_gone
         completed = False
         try:
-            done, _ = await asyncio.wait((pump, watch), return_when=asyncio.FIRST_COMPLETED)
-            if pump in done:
-                pump.result()
+            with CancelOnDisconnect(self._client_gone):
+                await self._pump(send)
                 completed = True
-            else:
-                pump.cancel()
-                await asyncio.gather(pump, return_exceptions=True)
         finally:
-            watch.cancel()
+            self._client_gone.cancel()
             if completed:
                 self._upstream.release()
             else:
@@ -287,6 +281,10 @@ class Relay(Response):
                 self._on_end(completed, captured)
 
     async def _pump(self, send: Send) -> None:
+        length = self._upstream.content_length
+        if self._captured is not None and length is not None and length <= self._capture_limit:
+            await self._send_whole(send)
+            return
         await send(
             {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
         )
@@ -310,6 +308,76 @@ class Relay(Response):
                 self._on_error(upstream_error_kind(exc))
             log.warning("upstream stream broke off: %s", type(exc).__name__)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _send_whole(self, send: Send) -> None:
+        """A small answer of known length (a non-streaming completion): one read, one
+        send, and the body kept for the usage comparison. Should the upstream break
+        off mid-body, nothing has gone out yet and the client gets a clean 502."""
+        if self._on_first_byte is not None:
+            self._on_first_byte()
+        try:
+            body = await self._upstream.read()
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            if self._on_error is not None:
+                self._on_error(upstream_error_kind(exc))
+            error = UpstreamUnavailable(
+                "The upstream broke off while sending its answer. Retry; if it keeps "
+                "happening, check the model server's logs.",
+                kind=upstream_error_kind(exc),
+            )
+            body = error.body()
+            self.status_code = error.status
+            self.raw_headers = [(b"content-type", b"application/json")]
+            self._captured = None
+        else:
+            self._captured = [body]
+        self.raw_headers.append((b"content-length", str(len(body)).encode()))
+        await send(
+            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+        )
+        await send({"type": "http.response.body", "body": body})
+
+
+class CancelOnDisconnect:
+    """Cancels the running task when the client disconnects, and swallows that
+    cancellation at the end of the block (``fired`` then says it happened).
+
+    A done-callback on the watcher does it, so waiting for the upstream needs no
+    second task and no ``asyncio.wait`` per request. The callback is disarmed on
+    exit, so a disconnect noticed later never cancels code outside the block.
+    """
+
+    def __init__(self, client_gone: asyncio.Future[None] | None) -> None:
+        self._client_gone = client_gone
+        self._task: asyncio.Task[Any] | None = None
+        self._armed = False
+        self.fired = False
+
+    def __enter__(self) -> CancelOnDisconnect:
+        if self._client_gone is not None:
+            self._task = asyncio.current_task()
+            self._armed = True
+            self._client_gone.add_done_callback(self._fire)
+        return self
+
+    def _fire(self, gone: asyncio.Future[None]) -> None:
+        if self._armed and not gone.cancelled() and self._task is not None:
+            self.fired = True
+            self._task.cancel()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        self._armed = False
+        if self._client_gone is not None:
+            self._client_gone.remove_done_callback(self._fire)
+        if self.fired and exc_type is asyncio.CancelledError and self._task is not None:
+            self._task.uncancel()
+            return True
+        return False
 
 
 def watch_disconnect(receive: Receive) -> asyncio.Future[None]:

@@ -24,8 +24,8 @@ fi
 .venv/bin/python -m pip install -q -e '.[test]'
 
 echo "== ruff"
-.venv/bin/ruff check proxy tests bench
-.venv/bin/ruff format --check proxy tests bench
+.venv/bin/ruff check proxy tests bench scripts
+.venv/bin/ruff format --check proxy tests bench scripts
 echo "== mypy (strict, proxy/)"
 .venv/bin/mypy
 echo "== pytest"

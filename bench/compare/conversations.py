@@ -177,7 +177,7 @@ def agent(seed: int = 0, turns: int = 26, zh: float = 0.33) -> list[Message]:
         if t == turns - 1:
             break
         for _ in range(rng.choice((0, 1, 2, 2, 3, 4, 5))):
-            calls = []
+            calls: list[dict[str, Any]] = []
             for _ in range(rng.choice((1, 1, 2, 3))):  # parallel calls now and then
                 name = rng.choice(_TOOLS)
                 call += 1

@@ -37,9 +37,10 @@ def _content_key(content: Any) -> Any:
 def _args_key(arguments: Any) -> str:
     if isinstance(arguments, str):
         try:
-            arguments = json.loads(arguments)
+            parsed = json.loads(arguments)
         except ValueError:
             return arguments
+        return json.dumps(parsed, sort_keys=True, ensure_ascii=False)
     return json.dumps(arguments, sort_keys=True, ensure_ascii=False)
 
 
@@ -298,8 +299,8 @@ def quantile(values: Sequence[float], q: float) -> float:
 
 
 def timing(wall: Sequence[float], cpu: Sequence[float]) -> dict[str, float]:
-    """Wall and thread-CPU medians and p90s in milliseconds. CPU time is the one to
-    compare on a shared machine: other processes stretch wall time, not CPU time."""
+    """Wall and CPU medians and p90s in milliseconds. CPU time is the one to compare
+    on a shared machine: other processes stretch wall time, not CPU time."""
     return {
         "median_ms": quantile(wall, 0.5) * 1000,
         "p90_ms": quantile(wall, 0.9) * 1000,

@@ -215,6 +215,8 @@ class LangChain:
 
 
 PEERS = ("litellm", "litellm/shared", "langchain", "langchain/start_on=human")
+#: Swept and timed, but no configuration a user runs: it patches LiteLLM's internals.
+DIAGNOSTIC = ("litellm/shared",)
 #: Timed only, not swept: the same algorithm as ``langchain`` with the counter most
 #: LangChain users write (no cache), to show where LangChain's time goes; and
 #: trimproxy with the proxy's own tiktoken counter, when the tree has it.

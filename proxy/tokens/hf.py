@@ -221,14 +221,20 @@ class HFCounter:
                 )
                 if template.tracking_ok and not fits:
                     template.tracking_ok = False
-                    log.warning("%s: tracked rendering differs from transformers' or misplaces "
-                                "messages; splitting totals by estimate", self.source)
+                    log.warning(
+                        "%s: tracked rendering differs from transformers' or misplaces "
+                        "messages; splitting totals by estimate",
+                        self.source,
+                    )
                 if self.runs_ok and sum(n for _, n in self.runs.spans_sync(want_text)) != len(
                     want_ids
                 ):
                     self.runs_ok = False
-                    log.warning("%s: counting by added-token runs differs from the tokenizer; "
-                                "encoding whole prompts instead (slower, still exact)", self.source)
+                    log.warning(
+                        "%s: counting by added-token runs differs from the tokenizer; "
+                        "encoding whole prompts instead (slower, still exact)",
+                        self.source,
+                    )
         if not rendered_any:
             raise ConfigError(
                 f"TRIMPROXY_TOKENIZER=hf:{self.source}: the chat template fails on every "
@@ -277,8 +283,9 @@ class HFCounter:
                 bounds = ()
         except Exception as exc:
             # vLLM will refuse this conversation too; let it say why. Count a bound.
-            log.warning("chat template failed (%s); counting this request by estimate",
-                        type(exc).__name__)
+            log.warning(
+                "chat template failed (%s); counting this request by estimate", type(exc).__name__
+            )
             return await self._fallback.count(messages, tools=tools)
         pieces = await self.runs.spans(text)
         if bounds:

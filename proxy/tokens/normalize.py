@@ -176,7 +176,7 @@ def _loop_targets(tree: nodes.Template, names: set[str], key: str | None) -> Ite
 
 
 def detect_content_format(template: str, env: jinja2.Environment) -> ContentFormat:
-    """"openai" when the template loops over a message's content parts, else "string".
+    """ "openai" when the template loops over a message's content parts, else "string".
 
     Follows aliases (``{% set loop_messages = messages[1:] %}``) one assignment at a
     time; no control-flow analysis, like vLLM's own detection.

@@ -33,8 +33,13 @@ PROBES: list[list[dict[str, Any]]] = [
         {"role": "user", "content": "  spaces at the edges \n\n"},
     ],
     [
-        {"role": "user", "content": [{"type": "text", "text": "Part one."},
-                                     {"type": "text", "text": "第二部分\uff0c中文\u3002"}]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "Part one."},
+                {"type": "text", "text": "第二部分\uff0c中文\u3002"},
+            ],
+        },
         {
             "role": "assistant",
             "content": None,

@@ -160,8 +160,8 @@ class UpstreamCounter:
                 both = 0
             if lone_a is None or lone_b is None:
                 # the template will not render this role twice in a row: borrow user's
-                self._constant[key] = 0 if role == "user" else await self._constant_for(
-                    model, "user"
+                self._constant[key] = (
+                    0 if role == "user" else await self._constant_for(model, "user")
                 )
             else:
                 self._constant[key] = max(0, lone_a + lone_b - both)
@@ -193,8 +193,10 @@ class UpstreamCounter:
                 asyncio.gather(*(self._lone_count(m, model) for m in messages)),
             )
         except (TokenizeError, aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            log.warning("upstream /tokenize failed (%s); counting this request by estimate",
-                        type(exc).__name__)
+            log.warning(
+                "upstream /tokenize failed (%s); counting this request by estimate",
+                type(exc).__name__,
+            )
             return await self._fallback.count(messages, tools=tools)
         constant = dict(zip(roles, constants, strict=True))
         per = [

@@ -6,6 +6,7 @@ the prefix-reuse metric gets hand-made prompt sequences whose answer is known.""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -49,7 +50,7 @@ CONVERSATION = [
 ]
 
 
-def words(messages: list[Message]) -> int:
+def words(messages: Sequence[Message]) -> int:
     """A toy prompt count: one token a word, none for framing."""
     return sum(len(str(m.get("content") or "").split()) for m in messages)
 

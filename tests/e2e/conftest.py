@@ -6,7 +6,8 @@ needed and runs controller + worker + OpenAI API server on loopback. It skips on
 an error, not a skip.
 
 ``start_proxy(**settings)`` starts trimproxy as a real process
-(``python -m proxy.cli serve``) in front of that stack and stops it after the test.
+(``python -m proxy.cli serve``, through the shared ``proxy_server`` fixture) in front
+of that stack; it is stopped after the test.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +28,22 @@ if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
 from tests.support.fastchat_stack import FastChatStack  # noqa: E402
-from tests.support.proxy_process import ProxyProcess  # noqa: E402
 from tests.support.tiny_model import MAX_POSITIONS, render_fastchat_prompt  # noqa: E402
 
-StartProxy = Callable[..., ProxyProcess]
+
+@dataclass(frozen=True)
+class FastChatProxy:
+    """A trimproxy process in front of the FastChat stack."""
+
+    base_url: str
+    logs: Callable[[], str]
+
+    @property
+    def api_base(self) -> str:
+        return f"{self.base_url}/v1"
+
+
+StartProxy = Callable[..., FastChatProxy]
 CountPrompt = Callable[[list[dict[str, str]]], int]
 
 
@@ -78,27 +92,32 @@ def count_prompt(fastchat_stack: FastChatStack) -> CountPrompt:
 
 @pytest.fixture
 def start_proxy(
-    fastchat_stack: FastChatStack, request: pytest.FixtureRequest
+    fastchat_stack: FastChatStack,
+    proxy_server: Callable[..., Any],
+    request: pytest.FixtureRequest,
 ) -> Iterator[StartProxy]:
-    started: list[ProxyProcess] = []
+    """``start_proxy(**settings)``: trimproxy in front of the FastChat stack.
 
-    def start(**settings: str | int | float) -> ProxyProcess:
+    Built on the shared ``proxy_server`` fixture (tests/conftest.py); ``settings``
+    become ``TRIMPROXY_<NAME>`` and override the defaults below.
+    """
+    started: list[Any] = []
+
+    def start(**settings: str | int | float) -> FastChatProxy:
         merged: dict[str, str | int | float] = {
-            "UPSTREAM_URL": fastchat_stack.base_url,
-            "TOKENIZER": f"hf:{fastchat_stack.model_dir}",
+            "tokenizer": f"hf:{fastchat_stack.model_dir}",
             # FastChat's /v1/models reports no max_model_len, so the window is given.
-            "CONTEXT_WINDOW": MAX_POSITIONS,
+            "context_window": MAX_POSITIONS,
         }
-        merged.update(settings)
-        proxy = ProxyProcess(merged)
-        started.append(proxy)
-        return proxy.start()
+        merged.update({key.lower(): value for key, value in settings.items()})
+        # Importing transformers for the hf counter takes a few seconds on 2 busy cores.
+        server = proxy_server(upstream=fastchat_stack.base_url, timeout=60.0, **merged)
+        started.append(server)
+        return FastChatProxy(server.url, server.logs)
 
     yield start
-    for proxy in started:
-        proxy.stop()
     if _failed(request):
         # Shown under "Captured stdout teardown" of the failing test.
-        for proxy in started:
-            print(f"\n--- trimproxy log ({proxy.settings}) ---\n{proxy.final_log[-6000:]}")
+        for server in started:
+            print(f"\n--- trimproxy log ({server.env}) ---\n{server.logs()[-6000:]}")
         print(fastchat_stack.log_tails())

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,14 +22,11 @@ import httpx
 import openai
 import pytest
 
+from tests.e2e.conftest import CountPrompt, StartProxy
 from tests.support.fastchat_stack import FastChatStack
-from tests.support.proxy_process import ProxyProcess
 from tests.support.tiny_model import MAX_POSITIONS
 
 pytestmark = pytest.mark.fastchat
-
-StartProxy = Callable[..., ProxyProcess]
-CountPrompt = Callable[[list[dict[str, str]]], int]
 
 BUDGET = 600
 MAX_TOKENS = 16
@@ -336,3 +333,23 @@ def test_client_disconnect_mid_stream_stops_fastchat_generation(
     )
     # And the proxy still serves.
     assert httpx.get(f"{proxy.base_url}/healthz", timeout=5).status_code == 200
+
+
+def test_prompt_at_the_budget_edge_reaches_fastchat_whole(
+    fastchat_stack: FastChatStack, start_proxy: StartProxy, count_prompt: CountPrompt
+) -> None:
+    proxy = start_proxy()
+    history: list[dict[str, str]] = [SYSTEM]
+    for turn in range(1, 6):
+        history.append({"role": "user", "content": user_text(300 + turn)})
+        history.append({"role": "assistant", "content": user_text(400 + turn, words=10)})
+    history.append({"role": "user", "content": user_text(306)})
+    full = count_prompt(history)
+    # max_tokens chosen so that the whole history is exactly context - max_tokens.
+    # FastChat 0.2.36 keeps only context - max_new_tokens - 1 prompt tokens and would
+    # silently drop the first one; the proxy's budget keeps one token of slack for it.
+    max_tokens = MAX_POSITIONS - full
+    with client_for(proxy.api_base) as client:
+        result = chat(client, fastchat_stack.model, history, stream=False, max_tokens=max_tokens)
+    forwarded = int(result.headers["x-trimproxy-prompt-tokens"])
+    assert result.prompt_tokens == forwarded, (full, forwarded, result.prompt_tokens)

@@ -21,9 +21,7 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def template_dir(
-    tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Callable[[str], Path]:
+def template_dir(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
     """The tiny tokenizer with one of tests/tokens/templates.py as its chat template."""
     made: dict[str, Path] = {}
 

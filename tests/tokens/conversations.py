@@ -17,16 +17,29 @@ TOOLS: list[dict[str, Any]] = [
     }
 ]
 
-_TEXT = st.sampled_from([
-    "hello", "How are you today?", "  padded  ", "line one\nline two\n\n", "",
-    "数字和中文混合 123", "emoji 🎉🎉", "<|im_start|> spelled out", "tab\tand\r\nnewline",
-    "x" * 300, "The proxy keeps every chat prompt inside a token budget. " * 20,
-]) | st.text(min_size=0, max_size=60)
+_TEXT = st.sampled_from(
+    [
+        "hello",
+        "How are you today?",
+        "  padded  ",
+        "line one\nline two\n\n",
+        "",
+        "数字和中文混合 123",
+        "emoji 🎉🎉",
+        "<|im_start|> spelled out",
+        "tab\tand\r\nnewline",
+        "x" * 300,
+        "The proxy keeps every chat prompt inside a token budget. " * 20,
+    ]
+) | st.text(min_size=0, max_size=60)
 
 
 def _call(i: int, args: str) -> dict[str, Any]:
-    return {"id": f"call_{i}", "type": "function",
-            "function": {"name": "lookup", "arguments": args}}
+    return {
+        "id": f"call_{i}",
+        "type": "function",
+        "function": {"name": "lookup", "arguments": args},
+    }
 
 
 @st.composite
@@ -43,10 +56,16 @@ def conversations(draw: st.DrawFn, *, tools: bool = True, parts: bool = True) ->
             content = draw(_TEXT)
         out.append({"role": "user", "content": content})
         if tools and draw(st.booleans()):
-            args = draw(st.sampled_from(
-                ['{"word": "apple"}', '{"word": "\\u4e2d"}', "not json", ""]))
-            out.append({"role": "assistant", "content": draw(st.none() | _TEXT),
-                        "tool_calls": [_call(i, args)]})
+            args = draw(
+                st.sampled_from(['{"word": "apple"}', '{"word": "\\u4e2d"}', "not json", ""])
+            )
+            out.append(
+                {
+                    "role": "assistant",
+                    "content": draw(st.none() | _TEXT),
+                    "tool_calls": [_call(i, args)],
+                }
+            )
             out.append({"role": "tool", "tool_call_id": f"call_{i}", "content": draw(_TEXT)})
         reply = draw(_TEXT)
         if draw(st.booleans()):
@@ -58,8 +77,10 @@ def conversations(draw: st.DrawFn, *, tools: bool = True, parts: bool = True) ->
 
 def growing_chat(turns: int, words: int = 120) -> list[dict[str, Any]]:
     """A deterministic long chat: system, then user/assistant pairs of prose."""
-    sentence = ("The quick brown fox jumps over the lazy dog while the proxy counts "
-                "every token of the prompt exactly once. ")
+    sentence = (
+        "The quick brown fox jumps over the lazy dog while the proxy counts "
+        "every token of the prompt exactly once. "
+    )
     out: list[dict[str, Any]] = [{"role": "system", "content": "You are a careful assistant."}]
     for i in range(turns):
         out.append({"role": "user", "content": f"Question {i}: " + sentence * (words // 20)})

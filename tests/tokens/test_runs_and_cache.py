@@ -17,14 +17,18 @@ from proxy.tokens.hf import _added_tokens, _anchor
 from proxy.tokens.runs import RunCounter
 from proxy.tokens.splitter import AddedTokenSplitter
 
-CORPUS = ["the quick brown fox jumps over the lazy dog", "hello world, hello tokens",
-          "数字 123 and 4567 numbers", "  spaced   out  text\n\nnew lines"] * 50
+CORPUS = [
+    "the quick brown fox jumps over the lazy dog",
+    "hello world, hello tokens",
+    "数字 123 and 4567 numbers",
+    "  spaced   out  text\n\nnew lines",
+] * 50
 TEXTS = [
     "<s>hello world</s>",
-    "hello <mask> world",          # lstrip+rstrip token eats the spaces around it
+    "hello <mask> world",  # lstrip+rstrip token eats the spaces around it
     "a<mask>b  <mask>  c",
-    "x <word> y",                  # single_word: matched here
-    "x<word>y",                    # ... not here
+    "x <word> y",  # single_word: matched here
+    "x<word>y",  # ... not here
     "  leading spaces<s>  after<s>",
     "数字<s>123<s> the quick brown fox",
     "",
@@ -36,8 +40,12 @@ def tokenizer(pre: Any, normalizer: Any = None) -> Tokenizer:
     tok.pre_tokenizer = pre
     if normalizer is not None:
         tok.normalizer = normalizer
-    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(
-        vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False))
+    tok.train_from_iterator(
+        CORPUS,
+        trainers.BpeTrainer(
+            vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False
+        ),
+    )
     tok.add_special_tokens([AddedToken("<mask>", lstrip=True, rstrip=True, normalized=False)])
     tok.add_tokens([AddedToken("<word>", single_word=True, normalized=False)])
     return tok
@@ -47,8 +55,14 @@ def run_counter(tok: Tokenizer, executor: Any = None, **kw: Any) -> RunCounter:
     def encode(texts: list[str]) -> list[int]:
         return [len(e.ids) for e in tok.encode_batch(texts, add_special_tokens=False)]
 
-    return RunCounter(AddedTokenSplitter(_added_tokens(tok)), encode, anchor=_anchor(tok),
-                      cache_bytes=1 << 20, executor=executor, **kw)
+    return RunCounter(
+        AddedTokenSplitter(_added_tokens(tok)),
+        encode,
+        anchor=_anchor(tok),
+        cache_bytes=1 << 20,
+        executor=executor,
+        **kw,
+    )
 
 
 @pytest.mark.parametrize("kind", ["bytelevel", "metaspace_first", "whitespace"])
@@ -86,9 +100,9 @@ def test_byte_lru_is_bounded_by_bytes() -> None:
         cache.put(f"{i:04d}" + "x" * 500, i)
         assert cache.bytes <= 20_000
     assert 0 < len(cache) < 1000
-    assert cache.get("0999" + "x" * 500) == 999   # the newest survive
+    assert cache.get("0999" + "x" * 500) == 999  # the newest survive
     assert cache.get("0000" + "x" * 500) is None  # the oldest went first
-    cache.put("y" * 100_000, 1)                   # bigger than the budget: not kept
+    cache.put("y" * 100_000, 1)  # bigger than the budget: not kept
     assert cache.get("y" * 100_000) is None and cache.bytes <= 20_000
 
 
@@ -110,8 +124,9 @@ async def test_a_big_uncached_encode_does_not_block_the_event_loop() -> None:
         return [len(t) for t in texts]
 
     with ThreadPoolExecutor(1, thread_name_prefix="enc") as pool:
-        counter = RunCounter(AddedTokenSplitter([]), slow_encode, anchor=None,
-                             cache_bytes=1 << 24, executor=pool)
+        counter = RunCounter(
+            AddedTokenSplitter([]), slow_encode, anchor=None, cache_bytes=1 << 24, executor=pool
+        )
         gaps: list[float] = []
         stop = asyncio.Event()
 
@@ -141,7 +156,8 @@ async def test_small_uncached_runs_are_encoded_inline() -> None:
         return [len(t) for t in texts]
 
     with ThreadPoolExecutor(1, thread_name_prefix="enc") as pool:
-        counter = RunCounter(AddedTokenSplitter([]), encode, anchor=None, cache_bytes=1 << 20,
-                             executor=pool)
+        counter = RunCounter(
+            AddedTokenSplitter([]), encode, anchor=None, cache_bytes=1 << 20, executor=pool
+        )
         assert await counter.spans("short") == [(0, 5)]
     assert seen == [threading.current_thread().name]

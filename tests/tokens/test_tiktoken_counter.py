@@ -49,8 +49,12 @@ async def test_counts_from_the_cache_dir(cache_dir: Path, monkeypatch: pytest.Mo
     attempts = forbid_network(monkeypatch)
     counter = await TiktokenCounter.load("cl100k_base")
     try:
-        got = await counter.count([{"role": "user", "content": "hello world"},
-                                   {"role": "assistant", "content": "hi", "name": "bot"}])
+        got = await counter.count(
+            [
+                {"role": "user", "content": "hello world"},
+                {"role": "assistant", "content": "hi", "name": "bot"},
+            ]
+        )
         # 3 per message + role + content (+ name and 1 for it), 3 to prime the reply;
         # "hello world" is 2 tokens in cl100k, "user"/"assistant"/"hi"/"bot" one each.
         assert got.per_message == (3 + 1 + 2, 3 + 1 + 1 + 1 + 1)

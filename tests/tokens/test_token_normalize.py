@@ -13,9 +13,15 @@ def test_none_content_and_text_parts() -> None:
     conv, media = to_conversation(
         [
             {"role": "assistant", "content": None},
-            {"role": "user", "content": [{"type": "text", "text": "a"}, "b",
-                                         {"type": "image_url", "image_url": {"url": "u"}},
-                                         {"type": "text", "text": "c"}]},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "a"},
+                    "b",
+                    {"type": "image_url", "image_url": {"url": "u"}},
+                    {"type": "text", "text": "c"},
+                ],
+            },
         ],
         "string",
     )
@@ -27,10 +33,18 @@ def test_openai_format_keeps_typed_parts_but_tool_text_is_joined() -> None:
     conv, _ = to_conversation(
         [
             {"role": "user", "content": "hi"},
-            {"role": "user", "content": [{"type": "text", "text": "x"},
-                                         {"type": "image_url", "image_url": {"url": "u"}}]},
-            {"role": "tool", "tool_call_id": "t", "content": [{"type": "text", "text": "1"},
-                                                               {"type": "text", "text": "2"}]},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "x"},
+                    {"type": "image_url", "image_url": {"url": "u"}},
+                ],
+            },
+            {
+                "role": "tool",
+                "tool_call_id": "t",
+                "content": [{"type": "text", "text": "1"}, {"type": "text", "text": "2"}],
+            },
         ],
         "openai",
     )
@@ -58,16 +72,26 @@ def test_empty_tool_calls_and_reasoning() -> None:
         [{"role": "assistant", "content": "a", "tool_calls": [], "reasoning": "r", "name": "bot"}],
         "string",
     )
-    assert conv == [{"role": "assistant", "content": "a", "reasoning": "r",
-                     "reasoning_content": "r", "name": "bot"}]
+    assert conv == [
+        {
+            "role": "assistant",
+            "content": "a",
+            "reasoning": "r",
+            "reasoning_content": "r",
+            "name": "bot",
+        }
+    ]
 
 
-@pytest.mark.parametrize(("name", "fmt"), [
-    ("content_parts", "openai"),
-    ("tools_default_system", "string"),
-    ("think_strip", "string"),
-    ("sliced_system", "string"),
-])
+@pytest.mark.parametrize(
+    ("name", "fmt"),
+    [
+        ("content_parts", "openai"),
+        ("tools_default_system", "string"),
+        ("think_strip", "string"),
+        ("sliced_system", "string"),
+    ],
+)
 def test_content_format_is_read_from_the_template(name: str, fmt: str) -> None:
     env = ImmutableSandboxedEnvironment(extensions=["jinja2.ext.loopcontrols"])
     assert detect_content_format(TEMPLATES[name], env) == fmt
@@ -75,7 +99,9 @@ def test_content_format_is_read_from_the_template(name: str, fmt: str) -> None:
 
 def test_content_format_follows_aliases() -> None:
     env = ImmutableSandboxedEnvironment()
-    template = ("{% set loop_messages = messages[1:] %}{% for m in loop_messages %}"
-                "{% for c in m['content'] | list %}{{ c.text }}{% endfor %}{% endfor %}")
+    template = (
+        "{% set loop_messages = messages[1:] %}{% for m in loop_messages %}"
+        "{% for c in m['content'] | list %}{{ c.text }}{% endfor %}{% endfor %}"
+    )
     assert detect_content_format(template, env) == "openai"
     assert detect_content_format("{% for", env) == "string"

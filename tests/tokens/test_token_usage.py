@@ -10,9 +10,16 @@ from proxy.tokens.usage import upstream_prompt_tokens
 
 def body(content: str, usage: object = None) -> bytes:
     data: dict[str, object] = {
-        "id": "chatcmpl-1", "object": "chat.completion", "model": "m",
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
-                     "finish_reason": "stop"}],
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": content},
+                "finish_reason": "stop",
+            }
+        ],
     }
     if usage is not None:
         data["usage"] = usage
@@ -33,8 +40,10 @@ def test_no_usage_or_not_json() -> None:
 
 def test_large_bodies_use_the_tail_and_ignore_quoted_text() -> None:
     trap = 'the text says "prompt_tokens": 999 and more ' * 500  # escaped inside JSON
-    b = body(trap, {"prompt_tokens": 7, "completion_tokens": 1,
-                    "prompt_tokens_details": {"cached_tokens": 4}})
+    b = body(
+        trap,
+        {"prompt_tokens": 7, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 4}},
+    )
     assert len(b) > 4096
     assert upstream_prompt_tokens(b) == 7
     assert upstream_prompt_tokens(body(trap)) is None

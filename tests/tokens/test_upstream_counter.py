@@ -75,8 +75,10 @@ async def test_a_message_the_template_refuses_alone_is_estimated(
 async def test_no_tokenize_route_is_a_start_up_error(
     qwenlike: Path, hf_counter: Callable[[Path], HFCounter]
 ) -> None:
-    async with FakeVLLM(hf_counter(qwenlike)._tok, tokenize=False).running() as server, \
-            aiohttp.ClientSession() as http:
+    async with (
+        FakeVLLM(hf_counter(qwenlike)._tok, tokenize=False).running() as server,
+        aiohttp.ClientSession() as http,
+    ):
         with pytest.raises(ConfigError, match="no POST /tokenize"):
             await build_counter(settings(server.url, "upstream"), http)
 
@@ -102,11 +104,12 @@ async def test_auto_falls_back_to_tokenize_then_to_approx(
     qwenlike: Path, hf_counter: Callable[[Path], HFCounter], caplog: pytest.LogCaptureFixture
 ) -> None:
     tok = hf_counter(qwenlike)._tok
-    async with FakeVLLM(tok, root="nowhere/on-disk").running() as server, \
-            aiohttp.ClientSession() as http:
+    async with (
+        FakeVLLM(tok, root="nowhere/on-disk").running() as server,
+        aiohttp.ClientSession() as http,
+    ):
         assert isinstance(await build_counter(settings(server.url, "auto"), http), UpstreamCounter)
-    async with FakeVLLM(tok, tokenize=False).running() as server, \
-            aiohttp.ClientSession() as http:
+    async with FakeVLLM(tok, tokenize=False).running() as server, aiohttp.ClientSession() as http:
         with caplog.at_level(logging.WARNING, logger="trimproxy.tokens"):
             counter = await build_counter(settings(server.url, "auto"), http)
         assert isinstance(counter, ApproxCounter)
@@ -141,9 +144,7 @@ async def test_hf_start_up_errors_are_one_line(spec: str, tmp_path: Path) -> Non
     assert "\n" not in str(err.value) and "TRIMPROXY_TOKENIZER=hf:" in str(err.value)
 
 
-async def test_a_tokenizer_without_chat_template_is_refused(
-    tiny_dir: Path, tmp_path: Path
-) -> None:
+async def test_a_tokenizer_without_chat_template_is_refused(tiny_dir: Path, tmp_path: Path) -> None:
     import json
 
     shutil.copytree(tiny_dir, tmp_path / "t")
@@ -153,5 +154,3 @@ async def test_a_tokenizer_without_chat_template_is_refused(
     async with aiohttp.ClientSession() as http:
         with pytest.raises(ConfigError, match="no chat template"):
             await build_counter(settings("http://127.0.0.1:9", f"hf:{tmp_path / 't'}"), http)
-
-

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from itertools import pairwise
 from typing import Any
 
 import pytest
@@ -17,7 +18,7 @@ TEXTS = st.sampled_from(
     [
         "hello",
         "Please summarise the attached report in three bullet points.",
-        "请把这段话翻译成英文，并保留专有名词。",
+        "请把这段话翻译成英文，并保留专有名词。",  # noqa: RUF001 (CJK punctuation on purpose)
         "混合 mixed text 和中文 with numbers 12345",
         "x" * 300,
         "",
@@ -139,7 +140,7 @@ def test_invariants(case: tuple[list[Message], PromptCount, TrimPolicy]) -> None
     # 5: whole turns only, tool calls never without their results and vice versa.
     turns = split_turns(messages)
     bounds = (*turns.starts, len(messages))
-    for a, b in zip(bounds, bounds[1:], strict=False):
+    for a, b in pairwise(bounds):
         inside = [i in result.kept for i in range(a, b)]
         assert all(inside) or not any(inside)
     kept_msgs = [messages[i] for i in kept]
@@ -188,7 +189,9 @@ def growing(draw: st.DrawFn) -> tuple[list[list[Message]], list[int], TrimPolicy
 
 @settings(max_examples=150, deadline=None)
 @given(growing())
-def test_prefix_stable_between_cuts(case: tuple[list[list[Message]], list[int], TrimPolicy]) -> None:
+def test_prefix_stable_between_cuts(
+    case: tuple[list[list[Message]], list[int], TrimPolicy],
+) -> None:
     requests, sizes, policy = case
     assert policy.budget is not None
     previous: list[Message] | None = None
