@@ -122,6 +122,13 @@ class Settings(BaseSettings):
             url = url[: -len("/v1")]
         return url
 
+    @field_validator("redis_url")
+    @classmethod
+    def _check_redis_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must start with redis://, rediss:// or unix://")
+        return value
+
     @field_validator("tokenizer")
     @classmethod
     def _check_tokenizer(cls, value: str) -> str:

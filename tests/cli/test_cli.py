@@ -47,6 +47,7 @@ def test_serve_help_lists_every_setting_with_its_meaning() -> None:
         ("TRIMPROXY_UPSTREAM_URL", "ftp://host"),
         ("TRIMPROXY_SESSION_LIMIT_ACTION", "explode"),
         ("TRIMPROXY_API_KEYS", " , "),
+        ("TRIMPROXY_REDIS_URL", "localhost:6379"),
     ],
 )
 def test_bad_setting_stops_start_up_with_one_line_naming_it(variable: str, value: str) -> None:
