@@ -90,7 +90,13 @@ class Accounting:
             level = logging.DEBUG if route in _QUIET_ROUTES else logging.INFO
             if self.access.isEnabledFor(level):
                 fields = facts.fields(scope["method"], path, status, elapsed)
-                self.access.log(level, "request", extra={"fields": fields})
+                # makeRecord + handle: Logger.log would walk the stack for a caller
+                # that the JSON line does not show.
+                self.access.handle(
+                    self.access.makeRecord(
+                        ACCESS_LOGGER, level, "", 0, "request", (), None, extra={"fields": fields}
+                    )
+                )
 
 
 class ApiKeys:
