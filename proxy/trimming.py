@@ -90,6 +90,14 @@ def trim(
     are over the budget.
     """
     n = len(messages)
+    if (
+        history_start == 0
+        and policy.max_history_turns is None
+        and (policy.budget is None or count.total <= policy.budget)
+    ):
+        # The common case. Prompts only grow along the replay, so when the whole
+        # conversation fits, no step of it was ever over the budget: nothing to cut.
+        return TrimResult(tuple(range(n)), count.total, None)
     per = count.per_message
     turns = split_turns(messages)
     head, starts = turns.head, turns.starts
