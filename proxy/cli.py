@@ -10,6 +10,7 @@ import sys
 import tempfile
 import textwrap
 from collections.abc import Sequence
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -109,8 +110,6 @@ def _load_settings(overrides: dict[str, object]) -> Settings:
 
 
 def serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     overrides: dict[str, object] = {
         "host": args.host,
         "port": args.port,
@@ -135,36 +134,33 @@ def serve(args: argparse.Namespace) -> int:
         if settings.workers == 1:
             from proxy.app import create_app
 
-            uvicorn.run(
-                create_app(settings),
-                host=settings.host,
-                port=settings.port,
-                log_level=settings.log_level,
-                log_config=None,
-                access_log=False,
-                lifespan="on",
-            )
+            _run_uvicorn(settings, create_app(settings))
             return 0
         # Several workers: each builds its app from the environment, so the flags
         # travel there.
         for key, value in overrides.items():
             if value is not None:
                 os.environ[f"{ENV_PREFIX}{key.upper()}"] = str(value)
-        uvicorn.run(
-            "proxy.app:app_from_env",
-            factory=True,
-            host=settings.host,
-            port=settings.port,
-            workers=settings.workers,
-            log_level=settings.log_level,
-            log_config=None,
-            access_log=False,
-            lifespan="on",
-        )
+        _run_uvicorn(settings, "proxy.app:app_from_env", factory=True, workers=settings.workers)
         return 0
     finally:
         if created is not None:
             shutil.rmtree(created, ignore_errors=True)
+
+
+def _run_uvicorn(settings: Settings, app: Any, **extra: Any) -> None:
+    import uvicorn
+
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        log_config=None,  # keep the JSON logging set up above
+        access_log=False,  # trimproxy.access writes the access line
+        lifespan="on",
+        **extra,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
