@@ -21,12 +21,12 @@ from dataclasses import dataclass
 
 import orjson
 
+from proxy.trimming import HEAD_ROLES
 from proxy.types import Message
 
 #: Hex characters of each prefix hash (8 bytes): a collision needs two
 #: conversations of one API key and one session id, so 64 bits are plenty.
 HASH_HEX = 16
-_HEAD_ROLES = frozenset(("system", "developer"))
 # The fields that make a message what it is. Others (vendor extras, UI metadata)
 # may change between requests of one conversation without forking it.
 _IDENTITY_FIELDS = ("role", "content", "name", "tool_calls", "tool_call_id")
@@ -117,7 +117,7 @@ def identify(
 def _leading_head(messages: Sequence[Message]) -> list[Message]:
     head: list[Message] = []
     for message in messages:
-        if message.get("role") not in _HEAD_ROLES:
+        if message.get("role") not in HEAD_ROLES:
             break
         head.append(message)
     return head

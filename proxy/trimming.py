@@ -27,7 +27,7 @@ from itertools import accumulate
 from proxy.errors import ContextLengthExceeded
 from proxy.types import Message, PromptCount
 
-_HEAD_ROLES = frozenset(("system", "developer"))
+HEAD_ROLES = frozenset(("system", "developer"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +64,7 @@ class Turns:
 def split_turns(messages: Sequence[Message]) -> Turns:
     n = len(messages)
     head = 0
-    while head < n and messages[head].get("role") in _HEAD_ROLES:
+    while head < n and messages[head].get("role") in HEAD_ROLES:
         head += 1
     starts = [i for i in range(head, n) if messages[i].get("role") == "user"]
     first_is_user = True

@@ -15,10 +15,10 @@ _TAIL = 4096
 
 def upstream_prompt_tokens(body: bytes) -> int | None:
     """``usage.prompt_tokens`` of a non-streaming response body, or None."""
-    tail = body[-_TAIL:]
-    matches = _PROMPT_TOKENS.findall(tail)
-    if matches and len(body) > _TAIL:
-        return int(matches[-1])
+    if len(body) > _TAIL:
+        matches = _PROMPT_TOKENS.findall(body[-_TAIL:])
+        if matches:
+            return int(matches[-1])
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError:
