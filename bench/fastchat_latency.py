@@ -28,7 +28,7 @@ if str(ROOT) not in sys.path:
 import httpx  # noqa: E402
 
 from tests.support.fastchat_stack import FastChatStack  # noqa: E402
-from tests.support.proxy_process import ProxyProcess  # noqa: E402
+from tests.support.processes import ProxyProcess  # noqa: E402
 from tests.support.tiny_model import MAX_POSITIONS  # noqa: E402
 
 

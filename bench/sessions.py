@@ -44,10 +44,13 @@ if str(ROOT) not in sys.path:
 
 import aiohttp  # noqa: E402
 
-from proxy.fingerprint import conversation_probe  # noqa: E402
-from proxy.redis_store import RedisStore  # noqa: E402
-from proxy.sessions import Limits, MemoryStore, SessionStore  # noqa: E402
-from tests.sessions.redis_server import REDIS_BIN, RedisServer, free_port  # noqa: E402
+from proxy.sessions.identity import hash_conversation  # noqa: E402
+from proxy.sessions.memory import MemoryStore  # noqa: E402
+from proxy.sessions.redis_store import RedisStore  # noqa: E402
+from proxy.sessions.rule import Limits  # noqa: E402
+from proxy.sessions.store import SessionStore  # noqa: E402
+from tests.sessions.redis_server import REDIS_BIN, RedisServer  # noqa: E402
+from tests.support.processes import free_port  # noqa: E402
 
 SIM_READY = "trimproxy-sim listening on "  # proxy.sim.cli.READY_PREFIX
 TARGETS = ("none", "memory", "redis")
@@ -169,7 +172,7 @@ def cpu_seconds(pid: int) -> float:
 async def store_round_trip(store: SessionStore, calls: int) -> float:
     """Median seconds of one ``admit`` straight on the store (no HTTP, no proxy)."""
     limits = Limits(1000, None, "reset", 3600)
-    probes = [conversation_probe(conversation(u, 0)) for u in range(1, TURNS + 1)]
+    probes = [hash_conversation(conversation(u, 0)) for u in range(1, TURNS + 1)]
     times = []
     for i in range(calls):
         began = time.perf_counter()

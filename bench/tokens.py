@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from proxy.tokens.approx import ApproxCounter
 from proxy.tokens.hf import HFCounter, load_tokenizer
-from proxy.tokens.normalize import to_conversation
+from proxy.tokens.hf.normalize import to_conversation
 
 SENTENCE = (
     "The proxy keeps every chat prompt inside a token budget, and the operators watch "

@@ -11,14 +11,16 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
+from proxy.admission import build_admission
 from proxy.dependencies import Services
 from proxy.errors import ProxyError, envelope
 from proxy.logs import request_facts, setup_logging
 from proxy.metrics import Metrics
 from proxy.middleware import Accounting, ApiKeys, InFlightLimit
+from proxy.relay import RelayAborted, quiet_relay_aborts
 from proxy.routes import routes
 from proxy.scrape import build_scraper
-from proxy.sessions import build_sessions
+from proxy.sessions.gate import build_sessions
 from proxy.settings import Settings
 from proxy.tokens import build_counter
 from proxy.upstream import ContextWindows, Upstream
@@ -34,9 +36,9 @@ def create_app(settings: Settings | None = None, metrics: Metrics | None = None)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        upstream = Upstream(settings)
+        upstream = Upstream(settings, models_ttl=settings.models_refresh)
         try:
-            counter = await build_counter(settings, upstream.session)
+            counter = await build_counter(settings, upstream)
         except BaseException:
             await upstream.aclose()
             raise
@@ -48,6 +50,7 @@ def create_app(settings: Settings | None = None, metrics: Metrics | None = None)
             await counter.aclose()
             await upstream.aclose()
             raise
+        admission = build_admission(settings, metrics)  # None: TRIMPROXY_KV_ADMISSION=off
         app.state.services = Services(
             settings=settings,
             metrics=metrics,
@@ -55,10 +58,11 @@ def create_app(settings: Settings | None = None, metrics: Metrics | None = None)
             windows=ContextWindows(upstream),
             counter=counter,
             sessions=sessions,
-            pass_auth=not settings.api_key_set and not settings.upstream_api_key,
+            admission=admission,
         )
         log.info("trimproxy ready: upstream %s, tokenizer %s", settings.upstream_url, counter.name)
-        scraper = build_scraper(settings, upstream, metrics)
+        on_engine = admission.observe_engine if admission is not None else None
+        scraper = build_scraper(settings, upstream, metrics, on_engine)
         if scraper is not None:
             scraper.start()
         try:
@@ -68,6 +72,8 @@ def create_app(settings: Settings | None = None, metrics: Metrics | None = None)
                 await scraper.stop()
             if sessions is not None:
                 await sessions.aclose()
+            if admission is not None:
+                await admission.aclose()
             metrics.close()
             await counter.aclose()
             await upstream.aclose()
@@ -83,6 +89,7 @@ def create_app(settings: Settings | None = None, metrics: Metrics | None = None)
     app.add_exception_handler(ProxyError, _proxy_error)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _unexpected)
+    quiet_relay_aborts()
     # Added innermost first: Accounting sees every answer, the 401s and 429s too.
     if settings.max_in_flight:
         app.add_middleware(InFlightLimit, limit=settings.max_in_flight)
@@ -127,6 +134,8 @@ async def _http_error(request: Request, exc: HTTPException) -> Response:
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:
+    if isinstance(exc, RelayAborted):  # the relay logged it; nothing can be answered
+        return Response(status_code=502)
     log.exception("unexpected error on %s %s", request.method, request.url.path)
     body = envelope(
         "The proxy failed on this request. It was logged; retry, and report it if it persists.",

@@ -36,6 +36,27 @@ def _optional_int(body: JSONObject, name: str) -> int | None:
     return value
 
 
+#: Deeper than orjson writes (it reads 1024 levels, writes fewer than 255): a body
+#: that could not be re-serialised after trimming, or hashed for a session, is
+#: refused up front, so no later step can fail on it with a 500.
+MAX_NESTING = 250
+
+
+def _check_nesting(raw: bytes, body: JSONObject) -> None:
+    # Counting brackets is a C scan; only a body with that many containers can be
+    # that deep, and only then is the (C-speed) serialisation tried.
+    if raw.count(b"[") + raw.count(b"{") <= MAX_NESTING:
+        return
+    try:
+        orjson.dumps(body)
+    except orjson.JSONEncodeError:
+        raise InvalidRequest(
+            f"The request body is nested more than {MAX_NESTING} levels deep; this proxy "
+            "does not accept JSON that deep. Flatten the structure.",
+            param=None,
+        ) from None
+
+
 def parse_chat(raw: bytes) -> ChatRequest:
     try:
         body: Any = orjson.loads(raw)
@@ -47,6 +68,7 @@ def parse_chat(raw: bytes) -> ChatRequest:
         ) from exc
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object.", param=None)
+    _check_nesting(raw, body)
     messages = body.get("messages")
     if messages is None:
         raise InvalidRequest("'messages' is required.", param="messages")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -16,7 +17,9 @@ from pydantic import ValidationError
 
 from proxy.logs import setup_logging
 from proxy.metrics import clear_multiprocess_dir
+from proxy.plan import cli as plan_cli
 from proxy.settings import ENV_PREFIX, Settings, describe_error
+from proxy.soak import cli as soak_cli
 
 
 def _settings_help() -> str:
@@ -58,14 +61,15 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="start an embedded simulated vLLM server and proxy to it (try it without a GPU)",
     )
-    sim = commands.add_parser(
+    # Listed here for --help only: ``main`` hands ``trimproxy sim ...`` to the sim's own
+    # parser before this one runs, so building this parser never imports the sim.
+    commands.add_parser(
         "sim",
         help="run a simulated vLLM/FastChat server (demos, tests, benchmarks)",
-        description="Simulated vLLM/FastChat OpenAI server with vLLM-style KV-cache accounting.",
+        add_help=False,
     )
-    from proxy.sim.cli import add_arguments
-
-    add_arguments(sim)
+    soak_cli.add_parser(commands)
+    plan_cli.add_parser(commands)
     return parser
 
 
@@ -109,6 +113,26 @@ def _load_settings(overrides: dict[str, object]) -> Settings:
         raise SystemExit(2) from None
 
 
+def _check_tokenizer(settings: Settings) -> None:
+    """Refuse an ``hf:`` tokenizer that is not on disk with one line and exit 2, like
+    any other bad setting, instead of a traceback from inside the server's start-up."""
+    kind, _, spec = settings.tokenizer.partition(":")
+    if kind != "hf":
+        return
+    from proxy.tokens.errors import ConfigError
+    from proxy.tokens.hf.counter import tokenizer_dir
+
+    try:
+        tokenizer_dir(spec)
+    except ConfigError as exc:
+        print(f"trimproxy: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _stop_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(0)
+
+
 def serve(args: argparse.Namespace) -> int:
     overrides: dict[str, object] = {
         "host": args.host,
@@ -117,6 +141,7 @@ def serve(args: argparse.Namespace) -> int:
         "upstream_url": args.upstream_url,
     }
     settings = _load_settings(overrides)
+    _check_tokenizer(settings)
     # JSON lines for every logger; log_config=None below keeps uvicorn from
     # replacing this with its own plain-text handlers.
     setup_logging(settings.log_level)
@@ -151,6 +176,15 @@ def serve(args: argparse.Namespace) -> int:
 def _run_uvicorn(settings: Settings, app: Any, **extra: Any) -> None:
     import uvicorn
 
+    from proxy.serving import (
+        HEADER_TIMEOUT_ENV,
+        MAX_HEADER_BYTES_ENV,
+        HttpToolsWithHeaderTimeout,
+    )
+
+    os.environ[HEADER_TIMEOUT_ENV] = str(settings.header_timeout)
+    os.environ[MAX_HEADER_BYTES_ENV] = str(settings.max_header_bytes)
+
     uvicorn.run(
         app,
         host=settings.host,
@@ -159,18 +193,33 @@ def _run_uvicorn(settings: Settings, app: Any, **extra: Any) -> None:
         log_config=None,  # keep the JSON logging set up above
         access_log=False,  # trimproxy.access writes the access line
         lifespan="on",
+        # On SIGTERM uvicorn stops accepting, lets open responses (SSE streams) run to
+        # their end, then runs the lifespan shutdown; past this many seconds it cancels
+        # them, so the pod still closes cleanly before its grace period's SIGKILL.
+        timeout_graceful_shutdown=settings.graceful_shutdown_timeout,
+        # A stalled client holds nothing for long: idle keep-alive connections close
+        # after idle_timeout, and a request's headers must be complete within
+        # header_timeout (proxy/serving.py; it reads the value from the environment,
+        # as every worker process does).
+        timeout_keep_alive=settings.idle_timeout,
+        http=HttpToolsWithHeaderTimeout,
         **extra,
     )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    if args.command == "sim":
-        from proxy.sim.cli import run_from_args
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["sim"]:
+        from proxy.sim.cli import main as sim_main
 
-        return run_from_args(args)
+        return sim_main(argv[1:])
+    args = _parser().parse_args(argv)
     if args.command == "serve" and args.demo:
         child, args.upstream_url = _start_demo_upstream()
+        # uvicorn re-raises the SIGTERM it handled once it has shut down; with the
+        # default disposition that would kill this process before the finally below
+        # stops the sim, leaving it running with no parent.
+        signal.signal(signal.SIGTERM, _stop_on_sigterm)
         try:
             return serve(args)
         finally:
@@ -178,6 +227,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             child.wait(timeout=10)
     if args.command == "serve":
         return serve(args)
+    if args.command == "soak":
+        return soak_cli.run(args)
+    if args.command == "plan":
+        return plan_cli.run(args)
     return 2
 
 

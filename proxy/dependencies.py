@@ -9,11 +9,12 @@ from starlette.requests import Request
 
 from proxy.metrics import Metrics
 from proxy.settings import Settings
-from proxy.types import TokenCounter
+from proxy.tokens.counter import TokenCounter
 from proxy.upstream import ContextWindows, Upstream
 
 if TYPE_CHECKING:
-    from proxy.sessions import Sessions
+    from proxy.admission import KvAdmission
+    from proxy.sessions.gate import Sessions
 
 
 @dataclass(slots=True)
@@ -24,8 +25,8 @@ class Services:
     windows: ContextWindows
     counter: TokenCounter
     sessions: Sessions | None
-    pass_auth: bool
-    """Whether the client's Authorization may travel upstream (open proxy, no upstream key)."""
+    admission: KvAdmission | None = None
+    """The KV ledger's gate; None when ``TRIMPROXY_KV_ADMISSION=off``."""
 
 
 def services(request: Request) -> Services:

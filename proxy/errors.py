@@ -98,10 +98,31 @@ class UpstreamUnavailable(ProxyError):
     code = "upstream_unavailable"
 
 
+class UpstreamProtocolError(ProxyError):
+    """The upstream was reached but its answer was not valid HTTP the proxy can relay:
+    a status outside 100-599, a header that is not Latin-1, a body cut off."""
+
+    status = 502
+    type = "upstream_error"
+    code = "upstream_protocol_error"
+
+
 class UpstreamTimeout(ProxyError):
     status = 504
     type = "upstream_error"
     code = "upstream_timeout"
+
+
+class RequestTimeout(ProxyError):
+    status = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
+
+
+class MethodNotAllowed(ProxyError):
+    status = 405
+    type = "invalid_request_error"
+    code = "method_not_allowed"
 
 
 def envelope(message: str, type_: str, code: str, param: str | None = None) -> bytes:
@@ -110,23 +131,48 @@ def envelope(message: str, type_: str, code: str, param: str | None = None) -> b
     )
 
 
-def upstream_failure(exc: BaseException, upstream_url: str, timeout: float) -> ProxyError:
+def upstream_failure(
+    exc: BaseException, upstream_url: str, timeout: float, connect_timeout: float | None = None
+) -> ProxyError:
     """Map an aiohttp/asyncio failure talking to the upstream to a 502 or 504.
 
     ``upstream_url`` is the operator's own setting, safe to name; the exception text
-    is not used (it can carry resolver or socket details).
+    is not used (it can carry resolver or socket details). The message says which
+    of the three happened: no connection, a connection that answered nonsense, or an
+    answer that did not come in time (and which timeout that was).
     """
+    kind = upstream_error_kind(exc)
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        limit = f" within {connect_timeout:g} s" if connect_timeout is not None else ""
+        return UpstreamTimeout(
+            f"Could not connect to the upstream at {upstream_url}{limit} "
+            "(TRIMPROXY_CONNECT_TIMEOUT). Check that the model server is running and "
+            "reachable from the proxy.",
+            kind=kind,
+        )
     if isinstance(exc, (TimeoutError, aiohttp.ServerTimeoutError)):
         return UpstreamTimeout(
-            f"The upstream at {upstream_url} did not answer within {timeout:g} s. "
-            "Retry later; if it keeps happening, the model server is overloaded or "
-            "TRIMPROXY_READ_TIMEOUT is too short.",
-            kind=upstream_error_kind(exc),
+            f"The upstream at {upstream_url} sent nothing for {timeout:g} s "
+            "(TRIMPROXY_READ_TIMEOUT). Retry later; if it keeps happening, the model "
+            "server is overloaded or TRIMPROXY_READ_TIMEOUT is too short.",
+            kind=kind,
         )
+    if kind == "protocol":
+        return protocol_error(upstream_url, "an answer that is not valid HTTP")
     return UpstreamUnavailable(
         f"The upstream at {upstream_url} could not be reached. Check that the model "
         "server is running and that TRIMPROXY_UPSTREAM_URL points at it.",
-        kind=upstream_error_kind(exc),
+        kind=kind,
+    )
+
+
+def protocol_error(upstream_url: str, what: str) -> UpstreamProtocolError:
+    """The 502 for an upstream that was reached but answered ``what``."""
+    return UpstreamProtocolError(
+        f"The upstream at {upstream_url} was reached but answered something invalid "
+        f"({what}), which the proxy does not relay. Check the model server (or whatever "
+        "sits between it and the proxy) and its logs.",
+        kind="protocol",
     )
 
 
@@ -138,4 +184,8 @@ def upstream_error_kind(exc: BaseException) -> str:
         return "connect"
     if isinstance(exc, aiohttp.ServerDisconnectedError):
         return "disconnected"
+    if isinstance(exc, (aiohttp.ClientPayloadError, aiohttp.ClientResponseError)):
+        # A body cut short, a malformed status line or header: the server answered,
+        # but not in HTTP.
+        return "protocol"
     return "other"

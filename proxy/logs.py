@@ -22,11 +22,8 @@ from typing import Any
 import orjson
 from starlette.requests import Request
 
-from proxy.sessions import SESSION_ID
-
 ACCESS_LOGGER = "trimproxy.access"
 REQUEST_ID_HEADER = b"x-request-id"
-SESSION_ID_HEADER = SESSION_ID.encode("ascii")
 FACTS_KEY = "trimproxy_facts"
 # What a client may choose as its request id: short, and safe in logs and headers.
 _VALID_REQUEST_ID = re.compile(rb"[A-Za-z0-9._-]{1,128}")

@@ -53,7 +53,10 @@ SECONDS_BUCKETS = (
     600,
     1200,
 )
-ERROR_BUCKETS = (-4096, -1024, -256, -64, -16, -4, -1, 0, 1, 4, 16, 64, 256, 1024, 4096)
+# Estimate errors are whole tokens. The edges at -0.5 and 0.5 give exact zero a bucket of its
+# own, (-0.5, 0], so the dashboard's share of exact counts is one bucket, and its rounded
+# quantiles read 0 (not the -0.5 that interpolating inside (-1, 0] gives) for an exact counter.
+ERROR_BUCKETS = (-4096, -1024, -256, -64, -16, -4, -1, -0.5, 0, 0.5, 1, 4, 16, 64, 256, 1024, 4096)
 
 KNOWN_ROUTES = frozenset(
     (
@@ -196,6 +199,34 @@ class Metrics:
         self.session_store_errors = Counter(
             "trimproxy_session_store_errors",
             "Chat requests whose session check failed because the store was unavailable.",
+            registry=r,
+        )
+        # KV admission (proxy/admission). Every process knows the whole capacity: "max".
+        # Each process counts the reservations it holds, so "livesum" (and a sum over
+        # replicas) is what the engine holds in all.
+        self.kv_capacity = Gauge(
+            "trimproxy_kv_capacity_tokens",
+            "KV-cache tokens that admission may reserve (engine capacity x fraction).",
+            registry=r,
+            multiprocess_mode="max",
+        )
+        self.kv_reserved = Gauge(
+            "trimproxy_kv_reserved_tokens",
+            "KV-cache tokens reserved by the chat requests this process has in flight.",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.admission_wait = Histogram(
+            "trimproxy_admission_wait_seconds",
+            "Time chat requests waited for KV room (0 for those admitted at once).",
+            buckets=(0.0, *SECONDS_BUCKETS),
+            registry=r,
+        )
+        self.admission_rejected = Counter(
+            "trimproxy_admission_rejected",
+            "Chat requests KV admission turned away, by reason (timeout, "
+            "store_unavailable, client_closed).",
+            ["reason"],
             registry=r,
         )
 

@@ -8,19 +8,20 @@ from __future__ import annotations
 import hmac
 import logging
 import time
+from urllib.parse import quote, unquote
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from proxy.errors import InvalidApiKey, Overloaded, ProxyError
+from proxy.errors import InvalidApiKey, InvalidRequest, Overloaded, ProxyError
 from proxy.logs import (
     ACCESS_LOGGER,
     FACTS_KEY,
     REQUEST_ID_HEADER,
-    SESSION_ID_HEADER,
     RequestFacts,
     ensure_request_id,
 )
 from proxy.metrics import Metrics, route_label
+from proxy.paths import BadPath, route
 
 _GUARDED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
 
@@ -36,6 +37,31 @@ async def send_error(send: Send, error: ProxyError) -> None:
 
 # Scrapes and probes arrive every few seconds; their access lines are debug-level.
 _QUIET_ROUTES = frozenset(("/metrics", "/healthz", "/readyz"))
+
+
+def routed_scope(scope: Scope) -> Scope:
+    """The scope with its path in normal form (``proxy.paths``), routed and forwarded
+    as such; raises ``InvalidRequest`` for a path the rule refuses.
+
+    ``raw_path`` is what the client sent, undecoded (ASGI servers set it); the
+    decoded ``path`` is rebuilt from the normal form, so the router and the
+    handlers, the API-key check and the metrics all see the same path.
+    """
+    raw_path: bytes | None = scope.get("raw_path")
+    raw = raw_path.decode("latin-1") if raw_path else quote(scope["path"])
+    try:
+        routed = route(raw)
+    except BadPath as exc:
+        raise InvalidRequest(exc.reason) from None
+    if not routed.changed and raw_path:
+        return scope
+    return {**scope, "path": unquote(routed.path), "raw_path": routed.path.encode("ascii")}
+
+
+def body_complete(message: Message) -> bool:
+    """Whether ``message`` is the last of the request body (a request counts as in
+    flight from then on: a client still sending its body holds no slot)."""
+    return message["type"] == "http.request" and not message.get("more_body", False)
 
 
 class Accounting:
@@ -56,10 +82,16 @@ class Accounting:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        start = time.perf_counter()
+        try:
+            scope = routed_scope(scope)
+        except InvalidRequest as exc:
+            refused: ProxyError | None = exc
+        else:
+            refused = None
         path: str = scope["path"]
         route = route_label(path)
         status = 500
-        start = time.perf_counter()
         request_id, headers = ensure_request_id(scope["headers"])
         if headers is not None:
             scope = {**scope, "headers": headers}
@@ -73,19 +105,31 @@ class Accounting:
                 status = message["status"]
                 out = [rid_header]
                 for header in message.get("headers", ()):
-                    if header[0] == SESSION_ID_HEADER and facts.session_id is None:
-                        facts.session_id = header[1].decode("latin-1")
                     if header[0] != REQUEST_ID_HEADER:  # an upstream's echo of it
                         out.append(header)
                 message = {**message, "headers": out}
             await send(message)
 
-        self.metrics.in_flight.inc()
+        in_flight = False
+
+        async def receive_wrapper() -> Message:
+            nonlocal in_flight
+            message = await receive()
+            if not in_flight and body_complete(message):
+                in_flight = True
+                self.metrics.in_flight.inc()
+            return message
+
         try:
-            await self.app(scope, receive, send_wrapper)
+            if refused is not None:
+                facts.error = refused.code
+                await send_error(send_wrapper, refused)
+            else:
+                await self.app(scope, receive_wrapper, send_wrapper)
         finally:
             elapsed = time.perf_counter() - start
-            self.metrics.in_flight.dec()
+            if in_flight:
+                self.metrics.in_flight.dec()
             self.metrics.answered(route, status, elapsed)
             level = logging.DEBUG if route in _QUIET_ROUTES else logging.INFO
             if self.access.isEnabledFor(level):
@@ -138,7 +182,12 @@ class ApiKeys:
 
 
 class InFlightLimit:
-    """Answers 429 with Retry-After once ``limit`` proxied requests are in flight."""
+    """Answers 429 with Retry-After once ``limit`` proxied requests are in flight.
+
+    A request enters once its body is in: the check runs in the ``receive`` that
+    hands the handler the body's last chunk, and the 429 is raised from there into
+    the handler (the app's error handler answers it). Slow uploads never hold a slot.
+    """
 
     def __init__(self, app: ASGIApp, limit: int) -> None:
         self.app = app
@@ -149,18 +198,24 @@ class InFlightLimit:
         if scope["type"] != "http" or not scope["path"].startswith(_GUARDED_PREFIXES):
             await self.app(scope, receive, send)
             return
-        if self.current >= self.limit:
-            await send_error(
-                send,
-                Overloaded(
-                    f"The proxy is serving its limit of {self.limit} concurrent requests "
-                    "(TRIMPROXY_MAX_IN_FLIGHT). Retry after a second.",
-                    headers={"retry-after": "1"},
-                ),
-            )
-            return
-        self.current += 1
+        entered = False
+
+        async def receive_wrapper() -> Message:
+            nonlocal entered
+            message = await receive()
+            if not entered and body_complete(message):
+                if self.current >= self.limit:
+                    raise Overloaded(
+                        f"The proxy is serving its limit of {self.limit} concurrent requests "
+                        "(TRIMPROXY_MAX_IN_FLIGHT). Retry after a second.",
+                        headers={"retry-after": "1"},
+                    )
+                self.current += 1
+                entered = True
+            return message
+
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive_wrapper, send)
         finally:
-            self.current -= 1
+            if entered:
+                self.current -= 1

@@ -1,4 +1,4 @@
-"""Thin handlers: parse, session, budget, count, trim, forward.
+"""Thin handlers: read → parse → prepare (``proxy.prepare``) → forward → relay.
 
 Plain Starlette routes that take the raw request and return responses directly:
 FastAPI's body validation would parse every message into models, and its
@@ -9,39 +9,60 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import replace
 
 import aiohttp
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from proxy.chat import ChatRequest, parse_chat, with_messages
+from proxy.admission import Reservation, wait_header
+from proxy.chat import parse_chat
 from proxy.dependencies import Services, services
-from proxy.errors import ContextLengthExceeded, ProxyError, RequestTooLarge
+from proxy.errors import (
+    ClientClosedRequest,
+    MethodNotAllowed,
+    ProxyError,
+    RequestTimeout,
+    RequestTooLarge,
+)
 from proxy.logs import request_facts
 from proxy.metrics import CONTENT_TYPE
+from proxy.prepare import prepare
+from proxy.relay import Relay, watch_disconnect
 from proxy.tokens import estimate_error
-from proxy.trimming import TrimPolicy, TrimResult, trim
-from proxy.types import PromptCount
-from proxy.upstream import Relay, request_headers, watch_disconnect
+from proxy.upstream import Readiness
 
 CHAT_PATH = "/v1/chat/completions"
 # A non-streaming answer up to this size is kept to compare usage with the count.
 _USAGE_CAPTURE_BYTES = 1 << 20
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+async def read_body(request: Request, limit: int, timeout: float | None = None) -> bytes:
+    """The whole body, at most ``limit`` bytes (413), within ``timeout`` seconds (408).
+
+    A client that leaves half-way is a 499 (``ClientClosedRequest``), logged and
+    counted as such, not a server error.
+    """
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise _too_large(int(declared), limit)
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _too_large(size, limit)
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise _too_large(size, limit)
+                chunks.append(chunk)
+    except TimeoutError:
+        raise RequestTimeout(
+            f"The request body did not arrive within {timeout:g} s "
+            "(TRIMPROXY_BODY_TIMEOUT). Send the body at once, or raise the limit.",
+            headers={"connection": "close"},
+        ) from None
+    except ClientDisconnect:
+        raise ClientClosedRequest("The client left while sending the request body.") from None
     return b"".join(chunks)
 
 
@@ -53,114 +74,46 @@ def _too_large(size: int, limit: int) -> RequestTooLarge:
     )
 
 
-async def budget_for(svc: Services, chat: ChatRequest) -> int | None:
-    """``min(max_prompt_tokens, context_window - reserve - 1)``; None when unbounded.
-
-    The one token of slack is FastChat's: its worker keeps only
-    ``context - max_new_tokens - 1`` prompt tokens and silently drops the first one
-    of a prompt that fills the rest exactly. vLLM loses nothing by it.
-    """
-    settings = svc.settings
-    reserve = chat.max_tokens or settings.default_completion_reserve
-    window = settings.context_window
-    if window is None and chat.model is not None:
-        window = await svc.windows.get(chat.model)
-    limits = [settings.max_prompt_tokens] if settings.max_prompt_tokens else []
-    if window is not None:
-        room = window - reserve - 1
-        if room < 1:
-            raise ContextLengthExceeded(
-                f"max_tokens of {reserve} leaves no room for a prompt in the model's "
-                f"context window of {window} tokens. Ask for fewer completion tokens.",
-                param="max_tokens" if chat.max_tokens else None,
-            )
-        limits.append(room)
-    return min(limits) if limits else None
-
-
-async def fit(
-    svc: Services, chat: ChatRequest, count: PromptCount, policy: TrimPolicy, history_start: int
-) -> tuple[TrimResult, int]:
-    """Trim, and prove the result fits: returns the result and the forwarded count.
-
-    A counter whose per-message split is not additive for every subset (the chat
-    template renders a message differently by position) gets the kept list recounted;
-    when that is over the budget, the budget is tightened by the excess and trimmed
-    again, so the budget is a guarantee, not an estimate.
-    """
-    result = trim(chat.messages, count, policy, history_start=history_start)
-    if svc.counter.additive or len(result.kept) == len(chat.messages) or policy.budget is None:
-        return result, result.tokens
-    budget = policy.budget
-    tightened = policy
-    for _ in range(4):
-        kept = [chat.messages[i] for i in result.kept]
-        actual = (await svc.counter.count(kept, tools=chat.tools, model=chat.model)).total
-        if actual <= budget:
-            return result, actual
-        tightened = replace(
-            tightened, budget=(tightened.budget or budget) - (actual - result.tokens)
-        )
-        try:
-            result = trim(chat.messages, count, tightened, history_start=history_start)
-        except ContextLengthExceeded as exc:
-            raise ContextLengthExceeded(
-                f"This conversation needs {actual} prompt tokens even after trimming, but the "
-                f"budget is {budget} tokens. Shorten the last message or the system prompt.",
-                param="messages",
-            ) from exc
-    raise ContextLengthExceeded(
-        f"The prompt could not be brought under the budget of {budget} tokens.", param="messages"
-    )
-
-
 async def chat_completions(request: Request) -> Response:
+    """read → parse → prepare → forward; the relay records what the answer says."""
     svc = services(request)
-    settings = svc.settings
-    metrics = svc.metrics
-    raw = await read_body(request, settings.max_body_bytes)
+    raw = await read_body(request, svc.settings.max_body_bytes, svc.settings.body_timeout)
     chat = parse_chat(raw)
     facts = request_facts(request)  # for the access line
-    facts.model = chat.model
+    prepared = await prepare(chat, raw, request, svc, facts)
+    extra = prepared.headers
 
-    history_start = 0
-    extra: dict[str, str] = {}
-    if svc.sessions is not None:
-        admission = await svc.sessions.admit(request, chat)
-        history_start = admission.history_start
-        extra.update(admission.headers)
-
-    budget = await budget_for(svc, chat)
-    count = await svc.counter.count(chat.messages, tools=chat.tools, model=chat.model)
-    metrics.prompt_received.observe(count.total)
-    facts.prompt_tokens_received = count.total
-    policy = TrimPolicy(
-        budget=budget,
-        target=settings.trim_target,
-        max_history_turns=settings.max_history_turns,
-        pin_first_user=settings.pin_first_user,
-    )
-    result, forwarded_tokens = await fit(svc, chat, count, policy, history_start)
-    dropped = result.dropped(len(chat.messages))
-    if dropped:
-        body = with_messages(chat, [chat.messages[i] for i in result.kept])
-        metrics.trimmed_messages.inc(dropped)
-        metrics.trimmed_tokens.inc(max(0, count.total - forwarded_tokens))
-        metrics.trim_events.labels(result.reason or "budget").inc()
-    else:
-        body = raw  # nothing trimmed: the client's bytes, unchanged
-    metrics.prompt_forwarded.observe(forwarded_tokens)
-    facts.prompt_tokens_forwarded = forwarded_tokens
-    facts.messages_dropped = dropped
-    extra["x-trimproxy-prompt-tokens"] = str(forwarded_tokens)
-    extra["x-trimproxy-trimmed-messages"] = str(dropped)
-
-    headers = request_headers(request.scope["headers"], settings, keep_client_auth=svc.pass_auth)
+    headers = svc.upstream.request_headers(request.scope["headers"])
     headers["content-type"] = "application/json"
+    client_gone: asyncio.Future[None] | None = None
+    reservation: Reservation | None = None
+    if svc.admission is not None:
+        # The most KV this request can hold: its prompt and its whole completion.
+        tokens = prepared.forwarded_tokens + (
+            chat.max_tokens or svc.settings.default_completion_reserve
+        )
+        client_gone = watch_disconnect(request.receive)  # a client may leave the line
+        try:
+            reservation = await svc.admission.admit_while_connected(tokens, client_gone)
+        except BaseException:
+            client_gone.cancel()
+            raise
+        extra = {**extra, **wait_header(reservation)}
     started = time.perf_counter()
-    upstream, client_gone = await open_upstream(request, svc, CHAT_PATH, headers, body)
+    try:
+        upstream, client_gone = await open_upstream(
+            request, svc, CHAT_PATH, headers, prepared.body, client_gone
+        )
+    except BaseException:
+        if reservation is not None:
+            reservation.release()
+        raise
+    metrics = svc.metrics
+    forwarded_tokens = prepared.forwarded_tokens
 
     def on_end(complete: bool, captured: bytes | None) -> None:
+        if reservation is not None:
+            reservation.release()  # the answer is over, however it ended
         if captured is not None and upstream.status == 200:
             error = estimate_error(forwarded_tokens, captured)
             if error is not None:
@@ -182,13 +135,26 @@ async def chat_completions(request: Request) -> Response:
 
 
 async def open_upstream(
-    request: Request, svc: Services, path: str, headers: dict[str, str], body: bytes | None
+    request: Request,
+    svc: Services,
+    path: str,
+    headers: dict[str, str],
+    body: bytes | None,
+    client_gone: asyncio.Future[None] | None = None,
 ) -> tuple[aiohttp.ClientResponse, asyncio.Future[None]]:
     """Forward the request; returns the upstream response and the client-disconnect
-    watcher that the relay goes on using (cancelled here if forwarding fails)."""
-    client_gone = watch_disconnect(request.receive)
+    watcher that the relay goes on using (cancelled here if forwarding fails).
+
+    Disconnect watching starts here, after the body was read and prepared: while
+    the body is read, reading it is what notices a client that left; one that left
+    while its prompt was counted is noticed as soon as the watcher first asks. (The
+    chat route starts it before KV admission, so a client can leave the line, and
+    passes it in.)
+    """
+    if client_gone is None:
+        client_gone = watch_disconnect(request.receive)
     try:
-        response = await svc.upstream.open(request.method, path, headers, body, client_gone)
+        response = await svc.upstream.forward(request.method, path, headers, body, client_gone)
     except ProxyError as exc:
         client_gone.cancel()
         if exc.kind is not None:
@@ -205,13 +171,19 @@ async def open_upstream(
 async def passthrough(request: Request) -> Response:
     """Any other upstream route, relayed as it is (bodies streamed back unbuffered)."""
     svc = services(request)
-    body = await read_body(request, svc.settings.max_body_bytes)
-    path = request.url.path
-    if request.url.query:
-        path = f"{path}?{request.url.query}"
-    headers = request_headers(
-        request.scope["headers"], svc.settings, keep_client_auth=svc.pass_auth
-    )
+    # The path in normal form (proxy.paths, applied by the Accounting middleware):
+    # exactly what was routed goes upstream, and the query string as the client sent it.
+    path = request.scope["raw_path"].decode("ascii")
+    if path == CHAT_PATH:
+        raise MethodNotAllowed(
+            f"{request.method} is not allowed on {CHAT_PATH}; chat completions are POST requests.",
+            headers={"allow": "POST"},
+        )
+    body = await read_body(request, svc.settings.max_body_bytes, svc.settings.body_timeout)
+    query = request.scope.get("query_string", b"")
+    if query:
+        path = f"{path}?{query.decode('latin-1')}"
+    headers = svc.upstream.request_headers(request.scope["headers"])
     upstream, client_gone = await open_upstream(request, svc, path, headers, body or None)
     return Relay(
         upstream,
@@ -226,16 +198,30 @@ async def healthz(request: Request) -> Response:
 
 
 async def readyz(request: Request) -> Response:
+    """Ready when the upstream answers; with ``TRIMPROXY_READY_REQUIRES_UPSTREAM=false``,
+    whenever the proxy serves (the upstream's state is still in the body). The upstream
+    gets ``TRIMPROXY_READY_TIMEOUT`` seconds, not the read timeout, so a probe's own
+    timeout can always outwait this handler."""
     svc = services(request)
-    if await svc.upstream.ready():
-        return JSONResponse({"status": "ready", "upstream": svc.settings.upstream_url})
+    settings = svc.settings
+    try:
+        async with asyncio.timeout(settings.ready_timeout):
+            readiness = await svc.upstream.ready()
+    except TimeoutError:
+        readiness = Readiness(
+            False,
+            f"GET /v1/models did not answer within {settings.ready_timeout:g}s "
+            "(TRIMPROXY_READY_TIMEOUT)",
+        )
+    ready = readiness.ready or not settings.ready_requires_upstream
     return JSONResponse(
         {
-            "status": "not ready",
-            "upstream": svc.settings.upstream_url,
-            "detail": "the upstream did not answer GET /v1/models",
+            "status": "ready" if ready else "not ready",
+            "upstream": settings.upstream_url,
+            "upstream_ready": readiness.ready,
+            "detail": readiness.detail,
         },
-        status_code=503,
+        status_code=200 if ready else 503,
     )
 
 

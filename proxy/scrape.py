@@ -19,15 +19,16 @@ import fcntl
 import logging
 import math
 import os
-from collections.abc import Mapping
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
-import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from proxy.admission.capacity import EngineCache, parse_cache_config
 from proxy.metrics import Metrics, multiprocess_dir
 from proxy.settings import Settings
-from proxy.upstream import Upstream
+from proxy.upstream import Upstream, UpstreamCallFailed
 
 log = logging.getLogger("trimproxy.scrape")
 
@@ -43,6 +44,12 @@ _LINE_PREFIXES = tuple(
 )
 _MAX_BODY = 16 << 20
 _MAX_BACKOFF = 60.0
+# A worker that does not scrape still reads the engine's KV capacity for its own
+# admission ledger (``on_engine``), this often: the capacity changes only on restarts.
+_CAPACITY_EVERY = 60.0
+
+#: Called after each scrape with the engine's cache figures, None when it had none.
+EngineHook = Callable[[EngineCache | None], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,22 +78,26 @@ def parse_stats(text: str) -> UpstreamStats:
 
 
 class UpstreamScraper:
+    """Asks ``Upstream.metrics_text()`` (the key and timeouts are the upstream's) every
+    ``interval`` seconds and sets the gauges."""
+
     def __init__(
         self,
-        session: aiohttp.ClientSession,
-        base_url: str,
+        upstream: Upstream,
         metrics: Metrics,
         interval: float,
         *,
-        headers: Mapping[str, str] | None = None,
         lock_path: str | None = None,
+        on_engine: EngineHook | None = None,
     ) -> None:
-        self._session = session
-        self._url = base_url + "/metrics"
+        self._upstream = upstream
+        self._on_engine = on_engine
+        self._capacity_due = 0.0
+        self._url = upstream.base_url + "/metrics"
         self._metrics = metrics
         self._interval = interval
-        self._headers = {"accept-encoding": "identity", **(headers or {})}
-        self._timeout = aiohttp.ClientTimeout(total=min(10.0, max(2.0, interval)))
+        # One scrape ends before the next is due (and within the configured timeouts).
+        self._budget = min(10.0, max(2.0, interval))
         self._lock_path = lock_path
         self._lock_fd: int | None = None
         self._task: asyncio.Task[None] | None = None
@@ -120,6 +131,8 @@ class UpstreamScraper:
                 delay = self._interval if ok else min(delay * 2, cap)
             else:
                 delay = self._interval  # another worker scrapes; ask for the lock next tick
+                if self._on_engine is not None and time.monotonic() >= self._capacity_due:
+                    await self._read_capacity()
             await asyncio.sleep(delay)
 
     def _is_leader(self) -> bool:
@@ -141,21 +154,15 @@ class UpstreamScraper:
     async def scrape_once(self) -> bool:
         """One scrape; True when the KV-cache usage was found and exported."""
         try:
-            async with self._session.get(
-                self._url, headers=self._headers, timeout=self._timeout
-            ) as resp:
-                if resp.status != 200:
-                    state = "http_404" if resp.status == 404 else "http_error"
-                    return self._fail(state, resp.status)
-                body = bytearray()
-                async for chunk in resp.content.iter_chunked(1 << 16):
-                    body += chunk
-                    if len(body) > _MAX_BODY:
-                        return self._fail("too_large", resp.status)
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            return self._fail(type(exc).__name__, None)
+            text = await self._upstream.metrics_text(max_bytes=_MAX_BODY, timeout=self._budget)
+        except UpstreamCallFailed as exc:
+            if self._on_engine is not None:
+                self._on_engine(None)
+            return self._fail(exc.reason, exc.status)
+        if self._on_engine is not None:
+            self._on_engine(parse_cache_config(text))
         try:
-            stats = parse_stats(body.decode("utf-8", errors="replace"))
+            stats = parse_stats(text)
         except ValueError:  # prometheus-client's parser on a malformed line
             return self._fail("unparsable", 200)
         if stats.kv_cache_usage is None:
@@ -171,6 +178,19 @@ class UpstreamScraper:
             log.info("exporting the upstream's KV-cache usage from %s", self._url)
         self._state = "ok"
         return True
+
+    async def _read_capacity(self) -> None:
+        """The engine's KV capacity alone, for a worker that does not scrape."""
+        assert self._on_engine is not None
+        try:
+            text = await self._upstream.metrics_text(max_bytes=_MAX_BODY, timeout=self._budget)
+        except UpstreamCallFailed:
+            self._on_engine(None)
+            return  # asked again on the next tick
+        cache = parse_cache_config(text)
+        self._on_engine(cache)
+        if cache is not None:
+            self._capacity_due = time.monotonic() + max(_CAPACITY_EVERY, self._interval)
 
     def _fail(self, state: str, status: int | None) -> bool:
         self._metrics.upstream_metrics_up.set(0)
@@ -188,6 +208,13 @@ class UpstreamScraper:
                     self._url,
                     " or ".join(KV_NAMES),
                 )
+            elif status in (401, 403):
+                log.warning(
+                    "scraping %s answered HTTP %s: set TRIMPROXY_UPSTREAM_API_KEY to the key "
+                    "the upstream expects; retrying with back-off",
+                    self._url,
+                    status,
+                )
             else:
                 log.warning(
                     "scraping %s failed (%s); retrying with back-off, logged again on change",
@@ -198,20 +225,19 @@ class UpstreamScraper:
 
 
 def build_scraper(
-    settings: Settings, upstream: Upstream, metrics: Metrics
+    settings: Settings, upstream: Upstream, metrics: Metrics, on_engine: EngineHook | None = None
 ) -> UpstreamScraper | None:
-    """The scraper the lifespan starts; None when ``TRIMPROXY_UPSTREAM_METRICS_INTERVAL=0``."""
+    """The scraper the lifespan starts; None when ``TRIMPROXY_UPSTREAM_METRICS_INTERVAL=0``.
+
+    ``on_engine`` gets the engine's KV-cache figures from every scrape (``auto`` admission).
+    """
     if settings.upstream_metrics_interval <= 0:
         return None
     directory = multiprocess_dir()
-    headers: dict[str, str] = {}
-    if settings.upstream_api_key:
-        headers["authorization"] = f"Bearer {settings.upstream_api_key}"
     return UpstreamScraper(
-        upstream.session,
-        settings.upstream_url,
+        upstream,
         metrics,
         settings.upstream_metrics_interval,
-        headers=headers,
         lock_path=os.path.join(directory, "upstream-scraper.lock") if directory else None,
+        on_engine=on_engine,
     )

@@ -11,6 +11,8 @@ from typing import Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from proxy.sessions.types import DEFAULT_SESSION_HEADER, LimitAction, StoreFailure
+
 ENV_PREFIX = "TRIMPROXY_"
 
 
@@ -72,11 +74,13 @@ class Settings(BaseSettings):
     session_idle_ttl: float = Field(
         3600.0, gt=0, description="Seconds session state is kept after its last use."
     )
-    session_limit_action: Literal["reset", "reject"] = Field(
+    session_limit_action: LimitAction = Field(
         "reset", description="On a session limit: reset the history, or reject with 409."
     )
     session_header: str = Field(
-        "X-Session-ID", min_length=1, description="Request header that names the session."
+        DEFAULT_SESSION_HEADER,
+        min_length=1,
+        description="Request header that names the session.",
     )
     session_max_entries: int = Field(
         100_000, ge=1, description="Sessions the in-memory store holds before evicting LRU."
@@ -84,7 +88,7 @@ class Settings(BaseSettings):
     redis_url: str | None = Field(
         None, description="Redis URL for a session store shared by replicas; in-memory when unset."
     )
-    session_store_failure: Literal["open", "closed"] = Field(
+    session_store_failure: StoreFailure = Field(
         "open",
         description="When Redis fails: open serves without session limits, closed answers 503.",
     )
@@ -108,6 +112,75 @@ class Settings(BaseSettings):
     upstream_metrics_interval: float = Field(
         5.0, ge=0, description="Seconds between scrapes of the upstream's /metrics; 0 = off."
     )
+    body_timeout: float = Field(
+        60.0,
+        gt=0,
+        description="Seconds a client has to send the whole request body; 408 after. "
+        "A request counts as in flight only once its body is in.",
+    )
+    header_timeout: float = Field(
+        10.0,
+        gt=0,
+        description="Seconds a connection has to send a request's headers (a new one, or the "
+        "next request on a kept-alive one); closed after.",
+    )
+    idle_timeout: int = Field(
+        5, ge=1, description="Seconds an idle keep-alive client connection is kept open."
+    )
+    max_header_bytes: int = Field(
+        65536,
+        ge=4096,
+        description="Largest request line plus headers accepted (431 and a close above).",
+    )
+    max_model_name_length: int = Field(
+        256, ge=1, description="Longest model name accepted in a request (400 above)."
+    )
+    models_refresh: float = Field(
+        60.0,
+        gt=0,
+        description="Seconds the upstream's list of served models (and their context "
+        "windows) is kept before it is fetched again; a failed fetch is retried with backoff.",
+    )
+    kv_admission: str = Field(
+        "off",
+        description="KV admission: off, auto (the capacity from vLLM's /metrics), or the "
+        "engine's KV capacity in tokens; requests reserve prompt + completion reserve.",
+    )
+    kv_admission_fraction: float = Field(
+        1.0,
+        gt=0,
+        le=16,
+        description="Share of the KV capacity that may be reserved: below 1 for headroom, "
+        "above 1 to overcommit an engine that manages its own cache (vLLM).",
+    )
+    admission_timeout: float = Field(
+        30.0, ge=0, description="Seconds a request waits for KV room before 429 overloaded."
+    )
+    kv_admission_replicas: int = Field(
+        1,
+        ge=1,
+        description="Proxy replicas sharing one engine: without Redis (or while it is down) "
+        "each process admits up to capacity / (replicas x workers).",
+    )
+    ready_requires_upstream: bool = Field(
+        True,
+        description="GET /readyz answers 503 while the upstream is down. Turn it off behind "
+        "a Service shared by replicas of one upstream (deploy/kubernetes does): an outage "
+        "would take every replica out at once, and clients would get connection refused "
+        "instead of a 502 naming the upstream.",
+    )
+    ready_timeout: float = Field(
+        2.0,
+        gt=0,
+        description="Seconds GET /readyz waits for the upstream; keep the readiness probe's "
+        "timeout above it.",
+    )
+    graceful_shutdown_timeout: int | None = Field(
+        None,
+        ge=1,
+        description="Seconds to let open requests (long streams) finish after SIGTERM before "
+        "they are cancelled; none waits for all. Keep it below the pod's grace period.",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         "info", description="Log level of the proxy's own logs."
     )
@@ -121,6 +194,14 @@ class Settings(BaseSettings):
         if url.endswith("/v1"):
             url = url[: -len("/v1")]
         return url
+
+    @field_validator("kv_admission")
+    @classmethod
+    def _check_kv_admission(cls, value: str) -> str:
+        value = value.strip().lower()
+        if value in ("off", "auto") or (value.isdigit() and int(value) > 0):
+            return value
+        raise ValueError("expected off, auto, or a positive number of tokens")
 
     @field_validator("redis_url")
     @classmethod

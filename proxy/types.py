@@ -1,14 +1,14 @@
-"""Shared aliases and Protocols.
+"""Shapes shared across the package: the JSON aliases and the counted prompt.
 
-Backends (token counters, session stores) are swappable behind the Protocols here,
-the way httpx swaps transports: the request path only ever sees these shapes.
+No imports from the rest of the proxy, so that ``chat``, ``trimming``, the counters
+and the sessions can all build on it. The ``TokenCounter`` Protocol is in
+``proxy.tokens.counter``; the session store's in ``proxy.sessions.store``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 #: A JSON object as orjson decodes it. Messages stay plain dicts on the hot path:
 #: no pydantic models, so unknown fields pass through untouched.
@@ -32,28 +32,3 @@ class PromptCount:
     @property
     def total(self) -> int:
         return self.overhead + sum(self.per_message)
-
-
-@runtime_checkable
-class TokenCounter(Protocol):
-    """Counts a chat prompt the way the upstream will render it.
-
-    ``exact`` is True when ``count(...).total`` equals the upstream's
-    ``usage.prompt_tokens``. When a counter is exact but its per-message split is not
-    additive for every subset (templates whose rendering depends on position), the
-    request path recounts the trimmed list; ``additive`` says whether that is needed.
-    """
-
-    name: str
-    exact: bool
-    additive: bool
-
-    async def count(
-        self,
-        messages: Sequence[Message],
-        *,
-        tools: Sequence[JSONObject] | None = None,
-        model: str | None = None,
-    ) -> PromptCount: ...
-
-    async def aclose(self) -> None: ...

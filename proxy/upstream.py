@@ -1,9 +1,15 @@
-"""Talking to the upstream model server: forwarding, relaying, context windows.
+"""Talking to the upstream model server: the one HTTP client, and context windows.
 
-One shared aiohttp session (keep-alive pool, explicit timeouts) serves every
-request. aiohttp rather than httpx: on this 2-core machine httpx's default
-transport costs about 3x the CPU of an aiohttp client per proxied request
-(``bench/overhead.py``), and the client is most of what a proxy spends.
+``Upstream`` owns the only aiohttp session of the proxy and its defaults, the way
+httpx's ``Client`` applies its own to every request: the base URL, the upstream key
+(``TRIMPROXY_UPSTREAM_API_KEY``) and the configured connect and read timeouts go
+with every call, forwarded or the proxy's own (``/v1/models``, ``/tokenize``,
+``/metrics``, readiness). Nothing else in the proxy ever sees the session.
+
+aiohttp rather than httpx: on this 2-core machine httpx's default transport costs
+about 3x the CPU of an aiohttp client per proxied request (``bench/overhead.py``),
+and the client is most of what a proxy spends. Relaying the answer back is
+``proxy.relay``.
 """
 
 from __future__ import annotations
@@ -11,99 +17,177 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
-from types import TracebackType
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import orjson
-from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
+from yarl import URL
 
-from proxy.errors import (
-    ClientClosedRequest,
-    UpstreamUnavailable,
-    upstream_error_kind,
-    upstream_failure,
-)
+from proxy.errors import ClientClosedRequest, protocol_error, upstream_failure
+from proxy.relay import HOP_BY_HOP, CancelOnDisconnect
 from proxy.settings import Settings
 
 log = logging.getLogger("trimproxy.upstream")
 
-# RFC 9110 section 7.6.1 hop-by-hop headers, plus the ones the proxy sets itself.
-_HOP_BY_HOP = frozenset(
-    (
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-    )
-)
-_REQUEST_DROP = _HOP_BY_HOP | {"host", "content-length", "authorization", "expect"}
-_RESPONSE_DROP = _HOP_BY_HOP | {"content-length", "date", "server"}
-
-ErrorHook = Callable[[str], None]
-#: Called once the relay ends: whether the body went out whole, and the captured body.
-EndHook = Callable[[bool, bytes | None], None]
+_REQUEST_DROP = HOP_BY_HOP | {
+    "host",
+    "content-length",
+    "authorization",
+    "expect",
+    # Credentials that are never the model server's: a browser's cookies for the
+    # proxy's site, and an API key in the header other gateways use, which travels
+    # (like Authorization) only through a transparent proxy.
+    "cookie",
+    "x-api-key",
+}
+_JSON_HEADERS = {"content-type": "application/json"}
+_TRANSPORT_ERRORS = (TimeoutError, aiohttp.ClientError, OSError)
 
 
-def request_headers(
-    raw: Iterable[tuple[bytes, bytes]], settings: Settings, *, keep_client_auth: bool
-) -> dict[str, str]:
-    """Headers to send upstream: hop-by-hop dropped, the key replaced.
+class UpstreamCallFailed(Exception):
+    """One of the proxy's own calls (``/tokenize``, ``/metrics``, …) did not succeed.
 
-    The client's ``Authorization`` reaches the upstream only when the proxy is open
-    (no ``TRIMPROXY_API_KEYS``) and no upstream key is configured: then the proxy is
-    transparent to an upstream that checks keys itself. A key the proxy checked is
-    the proxy's own and never leaves it.
+    ``status`` is the HTTP status when the upstream answered, None when it was not
+    reached or timed out; ``reason`` is a short bounded word for logs and states
+    (``http_404``, ``http_error``, ``too_large``, ``unparsable``, or the transport
+    error's class name).
     """
-    out: dict[str, str] = {}
-    for name_b, value_b in raw:
-        name = name_b.decode("latin-1").lower()
-        if name in _REQUEST_DROP:
-            if name == "authorization" and keep_client_auth:
-                out["authorization"] = value_b.decode("latin-1")
+
+    def __init__(self, path: str, status: int | None, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = path
+        self.status = status
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class ServedModel:
+    """One entry of the upstream's ``/v1/models``: vLLM names the model's path or id
+    as ``root`` and reports ``max_model_len``; FastChat gives only ``id``."""
+
+    id: str
+    root: str | None = None
+    max_model_len: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Tokenized:
+    """What vLLM's ``POST /tokenize`` answered."""
+
+    count: int
+    max_model_len: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Readiness:
+    ready: bool
+    detail: str
+
+
+def invalid_head(response: aiohttp.ClientResponse) -> str | None:
+    """What is wrong with an answer's head that the proxy cannot relay, or None.
+
+    aiohttp accepts any three-digit status and decodes header values as UTF-8; an
+    ASGI server can send neither a status outside 100-599 nor a header that is not
+    Latin-1, and would drop the connection instead.
+    """
+    if not 100 <= response.status <= 599:
+        return f"HTTP status {response.status}"
+    for value in response.headers.values():
+        if not value.isascii():
+            try:
+                value.encode("latin-1")
+            except UnicodeEncodeError:
+                return "a header value that is not Latin-1"
+    return None
+
+
+def parse_models(data: Any) -> tuple[ServedModel, ...]:
+    """The one reader of a ``/v1/models`` body; entries without an ``id`` are skipped."""
+    entries = data.get("data") if isinstance(data, dict) else None
+    if not isinstance(entries, list):
+        return ()
+    out: list[ServedModel] = []
+    for entry in entries:
+        if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
             continue
-        out[name] = value_b.decode("latin-1")
-    if settings.upstream_api_key:
-        out["authorization"] = f"Bearer {settings.upstream_api_key}"
-    return out
-
-
-def response_headers(
-    headers: Mapping[str, str], extra: Mapping[str, str]
-) -> list[tuple[bytes, bytes]]:
-    out = [
-        (k.lower().encode("latin-1"), v.encode("latin-1"))
-        for k, v in headers.items()
-        if k.lower() not in _RESPONSE_DROP
-    ]
-    out.extend((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in extra.items())
-    return out
+        root = entry.get("root")
+        length = entry.get("max_model_len")
+        out.append(
+            ServedModel(
+                id=entry["id"],
+                root=root if isinstance(root, str) and root else None,
+                max_model_len=length
+                if isinstance(length, int) and not isinstance(length, bool) and length > 0
+                else None,
+            )
+        )
+    return tuple(out)
 
 
 class Upstream:
     """The shared client; built once in the lifespan, closed with it."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        models_ttl: float = 300.0,
+        models_retry_after: float = 10.0,
+    ) -> None:
         self.base_url = settings.upstream_url
+        self.connect_timeout = settings.connect_timeout
         self.read_timeout = settings.read_timeout
-        self.session = aiohttp.ClientSession(
+        key = settings.upstream_api_key
+        self._auth: dict[str, str] = {"authorization": f"Bearer {key}"} if key else {}
+        # The client's own Authorization travels only through an open proxy with no
+        # upstream key: then the proxy is transparent to an upstream checking keys.
+        self.pass_client_auth = not settings.api_key_set and not key
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, connect=settings.connect_timeout, sock_read=settings.read_timeout
+        )
+        self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=75, ttl_dns_cache=300),
-            timeout=aiohttp.ClientTimeout(
-                total=None, connect=settings.connect_timeout, sock_read=settings.read_timeout
-            ),
+            timeout=self._timeout,
             # Bodies pass through as the upstream encoded them.
             auto_decompress=False,
             skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
         )
+        self._models: tuple[tuple[ServedModel, ...], float] | None = None
+        self._models_pending: asyncio.Future[tuple[ServedModel, ...]] | None = None
+        self._models_ttl = models_ttl
+        self._models_retry_after = models_retry_after
+        self._models_failures = 0
 
-    async def open(
+    # -- forwarding -------------------------------------------------------------
+
+    def request_headers(self, raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
+        """Headers to send upstream: hop-by-hop dropped, the key replaced.
+
+        A key the proxy checked (``TRIMPROXY_API_KEYS``) is the proxy's own and never
+        leaves it; the upstream key is sent in its place when set.
+        """
+        keep_client_auth = self.pass_client_auth
+        out: dict[str, str] = {}
+        named: list[str] = []
+        for name_b, value_b in raw:
+            name = name_b.decode("latin-1").lower()
+            if name in _REQUEST_DROP:
+                if name in ("authorization", "x-api-key") and keep_client_auth:
+                    out[name] = value_b.decode("latin-1")
+                elif name == "connection":
+                    named.extend(value_b.decode("latin-1").split(","))
+                continue
+            out[name] = value_b.decode("latin-1")
+        # RFC 9110 7.6.1: the headers the client's Connection names are hop-by-hop too.
+        for token in named:
+            out.pop(token.strip().lower(), None)
+        out.update(self._auth)
+        return out
+
+    async def forward(
         self,
         method: str,
         path: str,
@@ -113,88 +197,262 @@ class Upstream:
     ) -> aiohttp.ClientResponse:
         """Send a request and return once the response head has arrived.
 
-        A non-streaming answer's head comes only when generation is done, so the
+        ``headers`` come from ``request_headers`` (the key is in them already). A
+        non-streaming answer's head comes only when generation is done, so the
         client's disconnect (``client_gone``) is raced against the wait: when the
         client leaves first, the request is cancelled, which closes the upstream
         connection and lets the server abort the generation.
         """
+        # encoded=True: the path is in normal form already (proxy.paths) and goes out
+        # byte for byte; yarl would otherwise resolve dot segments and re-quote.
+        url = URL(self.base_url + path, encoded=True)
         with CancelOnDisconnect(client_gone) as watch:
             try:
-                return await self.session.request(
-                    method, self.base_url + path, headers=headers, data=body, allow_redirects=False
+                response = await self._session.request(
+                    method, url, headers=headers, data=body, allow_redirects=False
                 )
-            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-                raise upstream_failure(exc, self.base_url, self.read_timeout) from exc
+            except _TRANSPORT_ERRORS as exc:
+                raise upstream_failure(
+                    exc, self.base_url, self.read_timeout, self.connect_timeout
+                ) from exc
+            problem = invalid_head(response)
+            if problem is not None:
+                response.close()
+                raise protocol_error(self.base_url, problem)
+            return response
         assert watch.fired  # only a disconnect ends the block without a return
         raise ClientClosedRequest("The client closed the connection before the answer.")
 
-    async def get_json(self, path: str, timeout: float = 5.0) -> Any:
-        """A small GET for the proxy's own use (models, readiness); None on failure."""
-        try:
-            async with self.session.get(
-                self.base_url + path, timeout=aiohttp.ClientTimeout(total=timeout)
-            ) as resp:
-                if resp.status != 200:
-                    return None
-                return orjson.loads(await resp.read())
-        except (TimeoutError, aiohttp.ClientError, OSError, orjson.JSONDecodeError):
-            return None
+    # -- the proxy's own calls ----------------------------------------------------
 
-    async def post_json(self, path: str, payload: Any, timeout: float = 5.0) -> Any:
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        payload: Any = None,
+        *,
+        max_bytes: int = 16 << 20,
+        timeout: aiohttp.ClientTimeout | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> bytes:
+        """One small request with the key and the configured timeouts; the body of a
+        200, else ``UpstreamCallFailed``."""
+        sent = {**self._auth, **(headers or {})}
+        data = None
+        if payload is not None:
+            data = orjson.dumps(payload)
+            sent.update(_JSON_HEADERS)
         try:
-            async with self.session.post(
+            async with self._session.request(
+                method,
                 self.base_url + path,
-                data=orjson.dumps(payload),
-                headers={"content-type": "application/json"},
-                timeout=aiohttp.ClientTimeout(total=timeout),
+                data=data,
+                headers=sent,
+                timeout=timeout or self._timeout,
+                allow_redirects=False,
             ) as resp:
                 if resp.status != 200:
-                    return None
-                return orjson.loads(await resp.read())
-        except (TimeoutError, aiohttp.ClientError, OSError, orjson.JSONDecodeError):
-            return None
+                    reason = "http_404" if resp.status == 404 else "http_error"
+                    raise UpstreamCallFailed(path, resp.status, reason)
+                body = bytearray()
+                async for chunk in resp.content.iter_chunked(1 << 16):
+                    body += chunk
+                    if len(body) > max_bytes:
+                        raise UpstreamCallFailed(path, resp.status, "too_large")
+                return bytes(body)
+        except _TRANSPORT_ERRORS as exc:
+            raise UpstreamCallFailed(path, None, type(exc).__name__) from exc
 
-    async def ready(self) -> bool:
+    async def _call_json(self, method: str, path: str, payload: Any = None) -> Any:
+        raw = await self._call(method, path, payload)
         try:
-            async with self.session.get(
-                self.base_url + "/v1/models", timeout=aiohttp.ClientTimeout(total=3)
-            ) as resp:
-                return resp.status < 500
-        except (TimeoutError, aiohttp.ClientError, OSError):
-            return False
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise UpstreamCallFailed(path, 200, "unparsable") from exc
+
+    async def models(self) -> tuple[ServedModel, ...]:
+        """The served models, from ``GET /v1/models``; cached, one request at a time.
+
+        Empty when the upstream cannot be asked; that is cached for a short while
+        only, so a restarting upstream is neither hammered nor forgotten.
+        """
+        now = time.monotonic()
+        if self._models is not None and self._models[1] > now:
+            return self._models[0]
+        if self._models_pending is not None:
+            return await asyncio.shield(self._models_pending)
+        future: asyncio.Future[tuple[ServedModel, ...]] = asyncio.get_running_loop().create_future()
+        self._models_pending = future
+        try:
+            try:
+                found = parse_models(await self._call_json("GET", "/v1/models"))
+            except UpstreamCallFailed as exc:
+                log.debug("GET /v1/models failed: %s", exc.reason)
+                found = ()
+            if found:
+                self._models_failures = 0
+                ttl = self._models_ttl
+            else:
+                # Backoff: 10 s, 20 s, 40 s, ... up to the refresh interval.
+                ttl = min(
+                    self._models_ttl, self._models_retry_after * 2 ** min(self._models_failures, 16)
+                )
+                self._models_failures += 1
+            self._models = (found, now + ttl)
+            future.set_result(found)
+            return found
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # retrieved: waiters get it through shield
+            raise
+        finally:
+            self._models_pending = None
+
+    async def tokenize(
+        self,
+        messages: Sequence[Any],
+        model: str | None,
+        *,
+        tools: Sequence[Any] | None = None,
+        add_generation_prompt: bool = True,
+    ) -> Tokenized:
+        """vLLM's ``POST /tokenize`` in its chat form; ``UpstreamCallFailed`` on error."""
+        body: dict[str, Any] = {
+            "messages": list(messages),
+            "add_generation_prompt": add_generation_prompt,
+        }
+        if model is not None:
+            body["model"] = model
+        if tools:
+            body["tools"] = list(tools)
+        data = await self._call_json("POST", "/tokenize", body)
+        if not isinstance(data, dict):
+            raise UpstreamCallFailed("/tokenize", 200, "unparsable")
+        count = data.get("count")
+        if not isinstance(count, int):
+            tokens = data.get("tokens")
+            if not isinstance(tokens, list):
+                raise UpstreamCallFailed("/tokenize", 200, "unparsable")
+            count = len(tokens)
+        limit = data.get("max_model_len")
+        return Tokenized(count, limit if isinstance(limit, int) and limit > 0 else None)
+
+    async def token_check(self, model: str) -> int | None:
+        """FastChat's context length (``POST /api/v1/token_check``); None if not told."""
+        try:
+            checked = await self._call_json(
+                "POST",
+                "/api/v1/token_check",
+                {"prompts": [{"model": model, "prompt": "", "max_tokens": 0}]},
+            )
+        except UpstreamCallFailed:
+            return None
+        prompts = checked.get("prompts") if isinstance(checked, dict) else None
+        if isinstance(prompts, list) and prompts and isinstance(prompts[0], dict):
+            length = prompts[0].get("contextLength")
+            if isinstance(length, int) and length > 0:
+                return length
+        return None
+
+    async def metrics_text(self, *, max_bytes: int, timeout: float | None = None) -> str:
+        """The upstream's own ``GET /metrics`` page; ``UpstreamCallFailed`` on error.
+
+        ``timeout`` caps the whole call besides the configured connect and read
+        timeouts (the scraper keeps one scrape shorter than its interval).
+        """
+        bound = None
+        if timeout is not None:
+            bound = aiohttp.ClientTimeout(
+                total=timeout, connect=self.connect_timeout, sock_read=self.read_timeout
+            )
+        raw = await self._call(
+            "GET",
+            "/metrics",
+            max_bytes=max_bytes,
+            timeout=bound,
+            headers={"accept-encoding": "identity"},
+        )
+        return raw.decode("utf-8", errors="replace")
+
+    async def ready(self) -> Readiness:
+        """Whether the upstream serves us: ``GET /v1/models`` with the key.
+
+        401/403 is not ready (the key is missing or wrong: nothing would be trimmed
+        and every request would fail), nor is a 5xx or no answer at all.
+        """
+        try:
+            await self._call("GET", "/v1/models")
+        except UpstreamCallFailed as exc:
+            if exc.status is None:
+                return Readiness(False, f"GET /v1/models got no answer ({exc.reason})")
+            if exc.status in (401, 403):
+                return Readiness(
+                    False,
+                    f"GET /v1/models answered HTTP {exc.status}: set TRIMPROXY_UPSTREAM_API_KEY "
+                    "to the key the upstream expects",
+                )
+            if exc.status >= 500:
+                return Readiness(False, f"GET /v1/models answered HTTP {exc.status}")
+            return Readiness(True, f"GET /v1/models answered HTTP {exc.status}")
+        return Readiness(True, "GET /v1/models answered HTTP 200")
 
     async def aclose(self) -> None:
-        await self.session.close()
+        await self._session.close()
 
 
 class ContextWindows:
-    """The served models' context lengths, discovered once and cached.
+    """The served models' context lengths, learned from the upstream and bounded by it.
 
-    vLLM reports ``max_model_len`` on each entry of ``/v1/models``; FastChat does not,
-    but its ``/api/v1/token_check`` answers ``contextLength``. A failed discovery is
-    retried after ``retry_after`` seconds, so a restarting upstream is not hammered.
+    Only names the upstream lists (``Upstream.models()``, fetched again every
+    ``TRIMPROXY_MODELS_REFRESH`` seconds) get a window of their own: vLLM's
+    ``max_model_len`` from the listing, or FastChat's ``contextLength`` from
+    ``/api/v1/token_check``, asked once per listed name. A name the upstream does not
+    list gets the window of the one served model when there is exactly one (an
+    alias, or a name the upstream will refuse itself), else none: then only
+    ``TRIMPROXY_MAX_PROMPT_TOKENS`` bounds it, and the upstream answers it the way
+    it answers any unknown model. So neither the memory kept here nor the calls made
+    upstream grow with the names clients send.
     """
 
     def __init__(self, upstream: Upstream, retry_after: float = 10.0, ttl: float = 300.0) -> None:
         self._upstream = upstream
-        self._known: dict[str, tuple[int | None, float]] = {}
+        # FastChat's per-model answers, for listed names only: (length, valid until).
+        self._checked: dict[str, tuple[int | None, float]] = {}
         self._pending: dict[str, asyncio.Future[int | None]] = {}
         self._retry_after = retry_after
         self._ttl = ttl
+        self._quiet_until = 0.0
 
     async def get(self, model: str) -> int | None:
-        entry = self._known.get(model)
+        served = await self._upstream.models()
+        entry = next((e for e in served if e.id == model), None)
+        if entry is None and len(served) == 1:
+            entry = served[0]
+        if entry is None:
+            self._warn(model if served else None)
+            return None
+        if entry.max_model_len is not None:
+            return entry.max_model_len
+        length = await self._token_check(entry.id, {e.id for e in served})
+        if length is None:
+            self._warn(entry.id)
+        return length
+
+    async def _token_check(self, name: str, listed: set[str]) -> int | None:
         now = time.monotonic()
-        if entry is not None and entry[1] > now:
-            return entry[0]
-        pending = self._pending.get(model)
+        known = self._checked.get(name)
+        if known is not None and known[1] > now:
+            return known[0]
+        pending = self._pending.get(name)
         if pending is not None:
             return await asyncio.shield(pending)
         future: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
-        self._pending[model] = future
+        self._pending[name] = future
         try:
-            value = await self._discover(model)
-            self._known[model] = (value, now + (self._ttl if value else self._retry_after))
+            value = await self._upstream.token_check(name)
+            for gone in [n for n in self._checked if n not in listed]:
+                del self._checked[gone]  # no longer served: the upstream's list bounds this
+            self._checked[name] = (value, now + (self._ttl if value else self._retry_after))
             future.set_result(value)
             return value
         except BaseException as exc:
@@ -202,195 +460,22 @@ class ContextWindows:
             future.exception()  # retrieved: waiters get it through shield
             raise
         finally:
-            del self._pending[model]
+            del self._pending[name]
 
-    async def _discover(self, model: str) -> int | None:
-        listing = await self._upstream.get_json("/v1/models")
-        if isinstance(listing, dict) and isinstance(listing.get("data"), list):
-            entries = [e for e in listing["data"] if isinstance(e, dict)]
-            for entry in entries:
-                if entry.get("id") == model and isinstance(entry.get("max_model_len"), int):
-                    return int(entry["max_model_len"])
-            if len(entries) == 1 and isinstance(entries[0].get("max_model_len"), int):
-                return int(entries[0]["max_model_len"])
-        checked = await self._upstream.post_json(
-            "/api/v1/token_check",
-            {"prompts": [{"model": model, "prompt": "", "max_tokens": 0}]},
-        )
-        if isinstance(checked, dict):
-            prompts = checked.get("prompts")
-            if isinstance(prompts, list) and prompts and isinstance(prompts[0], dict):
-                length = prompts[0].get("contextLength")
-                if isinstance(length, int) and length > 0:
-                    return length
-        log.warning(
-            "could not learn the context window of model %r from the upstream; "
-            "set TRIMPROXY_CONTEXT_WINDOW (or TRIMPROXY_MAX_PROMPT_TOKENS) to bound prompts",
-            model,
-        )
-        return None
-
-
-class Relay(Response):
-    """Relay an upstream response to the client, chunk by chunk, as it arrives.
-
-    Nothing is buffered, so SSE tokens reach the client as the upstream sends them.
-    The client's ``http.disconnect`` is watched all along; when it comes, the
-    upstream connection is closed at once (not returned to the pool), which is what
-    makes vLLM abort the request and free its KV blocks.
-    """
-
-    def __init__(
-        self,
-        upstream: aiohttp.ClientResponse,
-        extra_headers: Mapping[str, str],
-        client_gone: asyncio.Future[None],
-        *,
-        on_error: ErrorHook | None = None,
-        on_end: EndHook | None = None,
-        on_first_byte: Callable[[], None] | None = None,
-        capture_limit: int = 0,
-    ) -> None:
-        self._upstream = upstream
-        self._client_gone = client_gone
-        self._on_error = on_error
-        self._on_end = on_end
-        self._on_first_byte = on_first_byte
-        # Up to this many bytes of the body are kept for on_end (usage comparison);
-        # a longer body is relayed all the same, just not kept.
-        self._capture_limit = capture_limit
-        self._captured: list[bytes] | None = [] if capture_limit > 0 else None
-        self.status_code = upstream.status
-        self.raw_headers = response_headers(upstream.headers, extra_headers)
-        self.background = None
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        completed = False
-        try:
-            with CancelOnDisconnect(self._client_gone):
-                await self._pump(send)
-                completed = True
-        finally:
-            self._client_gone.cancel()
-            if completed:
-                self._upstream.release()
-            else:
-                self._upstream.close()
-            if self._on_end is not None:
-                captured = b"".join(self._captured) if completed and self._captured else None
-                self._on_end(completed, captured)
-
-    async def _pump(self, send: Send) -> None:
-        length = self._upstream.content_length
-        if self._captured is not None and length is not None and length <= self._capture_limit:
-            await self._send_whole(send)
+    def _warn(self, model: str | None) -> None:
+        """One warning a minute at most: the names come from clients."""
+        now = time.monotonic()
+        if now < self._quiet_until:
             return
-        await send(
-            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
-        )
-        first = True
-        kept = 0
-        try:
-            async for chunk in self._upstream.content.iter_any():
-                if first and self._on_first_byte is not None:
-                    self._on_first_byte()
-                first = False
-                if self._captured is not None:
-                    kept += len(chunk)
-                    if kept <= self._capture_limit:
-                        self._captured.append(chunk)
-                    else:
-                        self._captured = None
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            # Headers are out already: the client sees a cut stream, the logs say why.
-            if self._on_error is not None:
-                self._on_error(upstream_error_kind(exc))
-            log.warning("upstream stream broke off: %s", type(exc).__name__)
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-    async def _send_whole(self, send: Send) -> None:
-        """A small answer of known length (a non-streaming completion): one read, one
-        send, and the body kept for the usage comparison. Should the upstream break
-        off mid-body, nothing has gone out yet and the client gets a clean 502."""
-        if self._on_first_byte is not None:
-            self._on_first_byte()
-        try:
-            body = await self._upstream.read()
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            if self._on_error is not None:
-                self._on_error(upstream_error_kind(exc))
-            error = UpstreamUnavailable(
-                "The upstream broke off while sending its answer. Retry; if it keeps "
-                "happening, check the model server's logs.",
-                kind=upstream_error_kind(exc),
+        self._quiet_until = now + 60.0
+        if model is None:
+            log.warning(
+                "the upstream listed no models (GET /v1/models failed or was empty); prompts "
+                "are bounded only by TRIMPROXY_CONTEXT_WINDOW or TRIMPROXY_MAX_PROMPT_TOKENS"
             )
-            body = error.body()
-            self.status_code = error.status
-            self.raw_headers = [(b"content-type", b"application/json")]
-            self._captured = None
         else:
-            self._captured = [body]
-        self.raw_headers.append((b"content-length", str(len(body)).encode()))
-        await send(
-            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
-        )
-        await send({"type": "http.response.body", "body": body})
-
-
-class CancelOnDisconnect:
-    """Cancels the running task when the client disconnects, and swallows that
-    cancellation at the end of the block (``fired`` then says it happened).
-
-    A done-callback on the watcher does it, so waiting for the upstream needs no
-    second task and no ``asyncio.wait`` per request. The callback is disarmed on
-    exit, so a disconnect noticed later never cancels code outside the block.
-    """
-
-    def __init__(self, client_gone: asyncio.Future[None] | None) -> None:
-        self._client_gone = client_gone
-        self._task: asyncio.Task[Any] | None = None
-        self._armed = False
-        self.fired = False
-
-    def __enter__(self) -> CancelOnDisconnect:
-        if self._client_gone is not None:
-            self._task = asyncio.current_task()
-            self._armed = True
-            self._client_gone.add_done_callback(self._fire)
-        return self
-
-    def _fire(self, gone: asyncio.Future[None]) -> None:
-        if self._armed and not gone.cancelled() and self._task is not None:
-            self.fired = True
-            self._task.cancel()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool:
-        self._armed = False
-        if self._client_gone is not None:
-            self._client_gone.remove_done_callback(self._fire)
-        if self.fired and exc_type is asyncio.CancelledError and self._task is not None:
-            self._task.uncancel()
-            return True
-        return False
-
-
-def watch_disconnect(receive: Receive) -> asyncio.Future[None]:
-    """A task that completes when the client disconnects; call once the body is read.
-
-    The caller owns it: it is handed to ``Upstream.open`` and then to ``Relay``,
-    which cancels it at the end; on an error in between the caller cancels it.
-    """
-    return asyncio.ensure_future(_wait_disconnect(receive))
-
-
-async def _wait_disconnect(receive: Receive) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return
+            log.warning(
+                "could not learn the context window of model %r from the upstream; "
+                "set TRIMPROXY_CONTEXT_WINDOW (or TRIMPROXY_MAX_PROMPT_TOKENS) to bound prompts",
+                model[:100],
+            )

@@ -2,13 +2,17 @@
 
 1. ``promtool check rules`` and ``promtool test rules`` on deploy/prometheus, and
    ``promtool check config`` on the example Prometheus configuration;
-2. every PromQL expression of the Grafana dashboard parses (promtool checks them as
-   recording rules, template variables filled in), and its data source is the
-   ``$datasource`` variable;
-3. a real proxy in front of the simulated vLLM upstream gets a few requests (a plain
-   one, a trimmed one, a session reset, a 400, a 413, an upstream 500), its /metrics
-   is scraped, and every ``trimproxy_*`` series that the dashboard and the rules
-   name must be in it.
+2. every PromQL expression of the Grafana dashboards (deploy/grafana/*.json) parses
+   (promtool checks them as recording rules, template variables filled in), each
+   panel's data source is the ``$datasource`` variable and it shows 0, not "No data",
+   before its first series;
+3. the Kubernetes PrometheusRule (deploy/kubernetes/monitoring) passes
+   ``promtool check rules`` too;
+4. a real proxy in front of the simulated vLLM upstream, with KV admission on, gets a
+   few requests (a plain one, a trimmed one, a session reset, a 400, a 413, an upstream
+   500), its /metrics is scraped, and every ``trimproxy_*`` series that the dashboards,
+   the rules, the ServiceMonitor and the other Kubernetes monitoring objects name must
+   be in it.
 
 Run from the repository root: ``python scripts/check_monitoring.py``. Exit status 0
 when all holds; otherwise the failures are listed. Needs ``promtool`` (Debian/Ubuntu
@@ -36,7 +40,11 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parents[1]
-DASHBOARD = ROOT / "deploy/grafana/trimproxy-dashboard.json"
+DASHBOARDS = sorted((ROOT / "deploy/grafana").glob("*.json"))
+KUBE_MONITORING = sorted((ROOT / "deploy/kubernetes/monitoring").glob("*.yaml"))
+KUBE_RULE = ROOT / "deploy/kubernetes/monitoring/prometheusrule.yaml"
+# Other manifests that name proxy metrics (an autoscaler on trimproxy_requests_in_flight).
+KUBE_EXAMPLES = sorted((ROOT / "deploy/kubernetes/examples").glob("*.yaml"))
 PROM_DIR = ROOT / "deploy/prometheus"
 RULES = PROM_DIR / "trimproxy-rules.yml"
 RULE_TESTS = PROM_DIR / "trimproxy-rules.test.yml"
@@ -67,6 +75,8 @@ def dashboard_exprs(dashboard: dict[str, Any]) -> tuple[list[str], list[str]]:
             continue
         if panel.get("datasource", {}).get("uid") != "${datasource}":
             problems.append(f"panel {panel.get('title')!r}: data source is not ${{datasource}}")
+        if panel.get("fieldConfig", {}).get("defaults", {}).get("noValue") != "0":
+            problems.append(f"panel {panel.get('title')!r}: shows 'No data', not 0, when empty")
         for target in panel.get("targets", []):
             exprs.append(target["expr"])
     for variable in variables.values():
@@ -92,8 +102,22 @@ def check_exprs_parse(exprs: list[str]) -> list[str]:
 
 
 def rule_exprs() -> list[str]:
-    # The rules file is YAML; its metric names are found by pattern, no YAML parser needed.
-    return [RULES.read_text()]
+    # The rules and the Kubernetes objects are YAML; their metric names are found by
+    # pattern, no YAML parser needed.
+    return [p.read_text() for p in (RULES, *KUBE_MONITORING, *KUBE_EXAMPLES)]
+
+
+def check_kube_rule() -> list[str]:
+    """The PrometheusRule's groups through ``promtool check rules``."""
+    import yaml  # the test extra's; only this check needs it
+
+    spec = yaml.safe_load(KUBE_RULE.read_text())["spec"]
+    with tempfile.NamedTemporaryFile("w", suffix=".yml", delete=False) as tmp:
+        json.dump(spec, tmp)  # JSON is YAML
+    try:
+        return [f"{KUBE_RULE.name}: {f}" for f in promtool("check", "rules", tmp.name)]
+    finally:
+        os.unlink(tmp.name)
 
 
 def exported_series(text: str) -> tuple[set[str], set[str]]:
@@ -155,6 +179,9 @@ def running_proxy(workdir: Path) -> Iterator[tuple[str, str]]:
             TRIMPROXY_MAX_BODY_BYTES="2048",
             TRIMPROXY_SESSION_MAX_TURNS="2",
             TRIMPROXY_UPSTREAM_METRICS_INTERVAL="0.2",
+            # KV admission on (a fixed capacity far above the traffic): its gauges,
+            # wait histogram and rejection counters get their samples.
+            TRIMPROXY_KV_ADMISSION="1000000",
         )
         with (workdir / "proxy.log").open("w") as log:
             proxy = subprocess.Popen(
@@ -228,8 +255,13 @@ def main() -> int:
     failures = promtool("check", "rules", str(RULES))
     failures += promtool("test", "rules", str(RULE_TESTS))
     failures += promtool("check", "config", str(PROM_CONFIG))
-    exprs, problems = dashboard_exprs(json.loads(DASHBOARD.read_text()))
-    failures += problems + check_exprs_parse(exprs)
+    failures += check_kube_rule()
+    exprs: list[str] = []
+    for dashboard in DASHBOARDS:
+        found, problems = dashboard_exprs(json.loads(dashboard.read_text()))
+        exprs += found
+        failures += [f"{dashboard.name}: {p}" for p in problems]
+    failures += check_exprs_parse(exprs)
     wanted = {m for text in exprs + rule_exprs() for m in METRIC.findall(text)}
     with (
         tempfile.TemporaryDirectory(prefix="check-monitoring-") as tmp,
@@ -238,7 +270,7 @@ def main() -> int:
         sampled, declared = exported_series(drive(url, sim_url))
     for name in sorted(wanted - sampled):
         why = "no sample after the test traffic" if name in declared else "not exported"
-        failures.append(f"{name}: queried by the dashboard or rules, {why}")
+        failures.append(f"{name}: queried by a dashboard, rule or manifest, {why}")
     for failure in failures:
         print(f"FAIL {failure}", file=sys.stderr)
     print(f"{len(wanted)} metrics queried, {len(failures)} failures")

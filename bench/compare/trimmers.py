@@ -32,8 +32,8 @@ from typing import Any, Protocol
 
 from bench.compare.counting import SharedCounter
 from proxy.errors import ContextLengthExceeded
+from proxy.tokens.counter import TokenCounter
 from proxy.trimming import TrimPolicy, trim
-from proxy.types import TokenCounter
 
 Message = dict[str, Any]
 

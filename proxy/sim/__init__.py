@@ -18,8 +18,8 @@ __all__ = ["SimConfig", "build_app", "run", "serve"]
 
 
 def __getattr__(name: str) -> Any:
-    # The server (and aiohttp.web) loads on first use, so that building the
-    # ``trimproxy`` argument parser, which imports ``proxy.sim.cli``, stays cheap.
+    # The server (and aiohttp.web) loads on first use, so that importing the sim's
+    # config or command line (``trimproxy sim --help``) stays cheap.
     if name in ("build_app", "run", "serve"):
         from proxy.sim import server
 

@@ -80,6 +80,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--strict-model", action="store_true", help="refuse other model names")
     add(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' on every route but /_sim/* and /health",
+    )
+    add(
         "--config-json",
         metavar="JSON",
         help="any SimConfig fields as one JSON object; wins over the flags (for tools)",
@@ -102,6 +107,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         error_style=args.error_style,
         strict_model=args.strict_model,
         record_limit=args.record_limit,
+        api_key=args.api_key,
     )
     if args.config_json:
         extra = json.loads(args.config_json)

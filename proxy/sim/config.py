@@ -63,6 +63,10 @@ class SimConfig:
     fastchat_system_message: str = "You are a helpful assistant."
     #: Largest request body accepted, bytes.
     max_body_bytes: int = 64 * 1024 * 1024
+    #: Require ``Authorization: Bearer <api_key>`` (401 otherwise), like vLLM's
+    #: ``--api-key``, but on every route but ``/_sim/*`` and ``/health`` (vLLM guards
+    #: ``/v1/*`` only): tests then prove that every call the proxy makes sends it.
+    api_key: str | None = None
 
     def __post_init__(self) -> None:
         self.validate()

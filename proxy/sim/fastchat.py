@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 
 from proxy.sim.config import SimConfig
-from proxy.sim.dialects import (
+from proxy.sim.dialect import (
     Dialect,
     Plan,
     SimError,

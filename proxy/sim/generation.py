@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 
 from aiohttp import web
 
-from proxy.sim.dialects import Plan
+from proxy.sim.dialect import Plan
 from proxy.sim.kv import Sequence
 from proxy.sim.state import RECORD, STATE, SimState
 

@@ -30,12 +30,21 @@ class Record:
     completion_tokens: int | None = None
     #: The client closed the connection before the answer was complete.
     disconnected: bool = False
+    #: The request target as it came off the wire (path and query, undecoded).
+    raw_path: str = ""
 
     def as_json(self) -> dict[str, Any]:
         try:
             parsed: Any = orjson.loads(self.body) if self.body else None
         except orjson.JSONDecodeError:
             parsed = None
+        if parsed is not None:
+            try:
+                # orjson reads 1024 levels of nesting but writes fewer than 255: a body
+                # it cannot write back is shown as text only, so the listing never fails.
+                orjson.dumps([[parsed]])  # as deep as it sits in the listing
+            except orjson.JSONEncodeError:
+                parsed = None
         return {
             "seq": self.seq,
             "method": self.method,
@@ -51,6 +60,7 @@ class Record:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "disconnected": self.disconnected,
+            "raw_path": self.raw_path,
         }
 
 
@@ -62,10 +72,16 @@ class Recorder:
         self._seq = 0
 
     def add(
-        self, method: str, path: str, query: str, headers: list[tuple[str, str]], body: bytes
+        self,
+        method: str,
+        path: str,
+        query: str,
+        headers: list[tuple[str, str]],
+        body: bytes,
+        raw_path: str = "",
     ) -> Record:
         self._seq += 1
-        record = Record(self._seq, method, path, query, headers, body)
+        record = Record(self._seq, method, path, query, headers, body, raw_path=raw_path)
         self._records.append(record)
         return record
 

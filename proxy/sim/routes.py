@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from proxy.sim.dialects import Plan, SimError, completion_text, new_chat_id
+from proxy.sim.dialect import Plan, SimError, completion_text, new_chat_id
 from proxy.sim.generation import JSON_TYPE, generate
 from proxy.sim.metrics import render_metrics
 from proxy.sim.state import STATE, SimState

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import time
 from collections.abc import Awaitable, Callable
 
@@ -21,7 +22,7 @@ from aiohttp import web
 
 from proxy.sim import control, routes
 from proxy.sim.config import SimConfig
-from proxy.sim.dialects import SimError
+from proxy.sim.dialect import SimError
 from proxy.sim.state import RECORD, STATE, FailRule, SimState
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -42,11 +43,14 @@ async def _record_middleware(request: web.Request, handler: Handler) -> web.Stre
         request.query_string,
         list(request.headers.items()),
         await request.read(),
+        raw_path=request.raw_path,
     )
     request[RECORD] = record
     try:
-        rule = state.take_failure(path) if state.fail_rules else None
-        if rule is not None:
+        key = state.config.api_key
+        if key is not None and not _authorized(request, key):
+            response: web.StreamResponse = _unauthorized()
+        elif (rule := state.take_failure(path) if state.fail_rules else None) is not None:
             response = await _fail(request, rule)
         else:
             try:
@@ -60,6 +64,20 @@ async def _record_middleware(request: web.Request, handler: Handler) -> web.Stre
         raise
     finally:
         record.ended_at = time.time()
+
+
+def _authorized(request: web.Request, key: str) -> bool:
+    if request.path == "/health":
+        return True
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip(), key)
+
+
+def _unauthorized() -> web.Response:
+    # vLLM's answer to a missing or wrong key (its AuthenticationMiddleware).
+    return web.Response(
+        body=orjson.dumps({"error": "Unauthorized"}), status=401, content_type="application/json"
+    )
 
 
 async def _fail(request: web.Request, rule: FailRule) -> web.StreamResponse:

@@ -8,9 +8,20 @@ from typing import Any
 from aiohttp import web
 
 from proxy.sim.config import SimConfig
-from proxy.sim.dialects import Dialect, dialect_for
+from proxy.sim.dialect import Dialect
+from proxy.sim.fastchat import FastChat
 from proxy.sim.kv import KVCache
 from proxy.sim.recorder import Record, Recorder
+from proxy.sim.vllm import VLLM
+
+
+def dialect_for(name: str) -> Dialect:
+    """The wire format the sim speaks, by ``SimConfig.dialect``."""
+    if name == "vllm":
+        return VLLM()
+    if name == "fastchat":
+        return FastChat()
+    raise ValueError(f"unknown dialect {name!r}")
 
 
 @dataclass

@@ -9,25 +9,23 @@ from __future__ import annotations
 
 import logging
 
-import aiohttp
-
 from proxy.settings import Settings
 from proxy.tokens.approx import ApproxCounter
-from proxy.tokens.discover import candidates, local_tokenizer, served_models
+from proxy.tokens.counter import TokenCounter
+from proxy.tokens.discover import local_tokenizer, served_names
 from proxy.tokens.errors import ConfigError
 from proxy.tokens.usage import estimate_error
-from proxy.types import TokenCounter
+from proxy.upstream import Upstream, UpstreamCallFailed
 
-__all__ = ["ApproxCounter", "ConfigError", "build_counter", "estimate_error"]
+__all__ = ["ApproxCounter", "ConfigError", "TokenCounter", "build_counter", "estimate_error"]
 
 log = logging.getLogger("trimproxy.tokens")
 
 
-async def _auto(settings: Settings, http: aiohttp.ClientSession) -> TokenCounter:
-    from proxy.tokens.upstream import UpstreamCounter
+async def _auto(upstream: Upstream) -> TokenCounter:
+    from proxy.tokens.vllm import VllmCounter
 
-    models = await served_models(http, settings.upstream_url)
-    names = candidates(models)
+    names = await served_names(upstream)
     for name in names:
         path = local_tokenizer(name)
         if path is not None:
@@ -41,14 +39,19 @@ async def _auto(settings: Settings, http: aiohttp.ClientSession) -> TokenCounter
             log.info("auto: counting with the served model's tokenizer at %s", path)
             return counter
     model = names[-1] if names else None
-    upstream = UpstreamCounter(http, settings.upstream_url, default_model=model)
+    vllm = VllmCounter(upstream, default_model=model)
     try:
-        await upstream.tokenize([{"role": "user", "content": "a"}], model)
-    except Exception:
-        pass
+        await vllm.tokenize([{"role": "user", "content": "a"}], model)
+    except UpstreamCallFailed as exc:
+        if exc.status in (401, 403):
+            log.warning(
+                "auto: the upstream's /tokenize answered HTTP %s: set "
+                "TRIMPROXY_UPSTREAM_API_KEY to the key the upstream expects",
+                exc.status,
+            )
     else:
         log.info("auto: counting with the upstream's /tokenize")
-        return upstream
+        return vllm
     log.warning(
         "auto: no local tokenizer for the served model%s and no /tokenize upstream: counting "
         "with the conservative approx estimate; set TRIMPROXY_TOKENIZER=hf:<dir> for exact "
@@ -58,9 +61,12 @@ async def _auto(settings: Settings, http: aiohttp.ClientSession) -> TokenCounter
     return ApproxCounter()
 
 
-async def build_counter(settings: Settings, http: aiohttp.ClientSession) -> TokenCounter:
+async def build_counter(settings: Settings, upstream: Upstream) -> TokenCounter:
     """Build the configured counter once, at start-up; a backend that cannot load
-    fails here with a ``ConfigError`` that says how to fix it, not on the first request."""
+    fails here with a ``ConfigError`` that says how to fix it, not on the first request.
+
+    ``upstream`` is the app's one upstream client: ``auto`` and ``upstream`` ask it
+    (``/v1/models``, ``/tokenize``) with its key and timeouts."""
     kind, _, arg = settings.tokenizer.partition(":")
     if kind == "approx":
         return ApproxCounter()
@@ -73,14 +79,12 @@ async def build_counter(settings: Settings, http: aiohttp.ClientSession) -> Toke
 
         return await TiktokenCounter.load(arg)
     if kind == "upstream":
-        from proxy.tokens.upstream import UpstreamCounter
+        from proxy.tokens.vllm import VllmCounter
 
-        names = candidates(await served_models(http, settings.upstream_url))
-        counter = UpstreamCounter(
-            http, settings.upstream_url, default_model=names[-1] if names else None
-        )
+        names = await served_names(upstream)
+        counter = VllmCounter(upstream, default_model=names[-1] if names else None)
         await counter.check()
         return counter
     if kind == "auto":
-        return await _auto(settings, http)
+        return await _auto(upstream)
     raise ConfigError(f"TRIMPROXY_TOKENIZER={settings.tokenizer}: unknown tokenizer kind")

@@ -98,6 +98,9 @@ class ApproxCounter:
     name = "approx"
     exact = False
     additive = True
+    #: No estimate here gives a token more than 3.5 characters: the cheap floor
+    #: (``proxy.prepare``) may count on it.
+    max_token_chars = 4
 
     def __init__(self, cache_bytes: int = _CACHE_BYTES) -> None:
         self._texts: ByteLRU[str, int] = ByteLRU(cache_bytes)

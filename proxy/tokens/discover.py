@@ -1,7 +1,7 @@
 """``TRIMPROXY_TOKENIZER=auto``: find the served model's tokenizer without a hub.
 
-1. Ask the upstream which model it serves (``GET /v1/models``: vLLM reports the
-   model's path or id as ``root``, FastChat only a name as ``id``). If one of those
+1. Ask the upstream which model it serves (``Upstream.models()``, its ``/v1/models``:
+   vLLM reports the model's path or id as ``root``, FastChat only a name as ``id``). If one of those
    is a local directory with tokenizer files, or a model id in the local Hugging
    Face cache, count with it (``hf``): exact and fast.
 2. Else, if the upstream answers ``POST /tokenize`` (vLLM), use it (``upstream``).
@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
-import aiohttp
-import orjson
+from proxy.upstream import ServedModel, Upstream
 
 log = logging.getLogger("trimproxy.tokens")
 
@@ -51,26 +51,16 @@ def local_tokenizer(name: str) -> Path | None:
     return None
 
 
-async def served_models(http: aiohttp.ClientSession, upstream_url: str) -> list[dict[str, object]]:
-    """The upstream's ``/v1/models`` entries; empty when it cannot be asked."""
-    try:
-        async with http.get(
-            upstream_url + "/v1/models", timeout=aiohttp.ClientTimeout(total=5)
-        ) as resp:
-            if resp.status != 200:
-                return []
-            data = orjson.loads(await resp.read())
-    except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError):
-        return []
-    entries = data.get("data") if isinstance(data, dict) else None
-    return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+async def served_names(upstream: Upstream) -> list[str]:
+    """The names the upstream serves its models under and by (``Upstream.models()``):
+    each entry's ``root`` (vLLM: the model's path or id) before its ``id``."""
+    return candidates(await upstream.models())
 
 
-def candidates(models: list[dict[str, object]]) -> list[str]:
+def candidates(models: Iterable[ServedModel]) -> list[str]:
     names: list[str] = []
     for entry in models:
-        for key in ("root", "id"):
-            value = entry.get(key)
-            if isinstance(value, str) and value and value not in names:
+        for value in (entry.root, entry.id):
+            if value and value not in names:
                 names.append(value)
     return names

@@ -108,6 +108,15 @@ class TiktokenCounter:
 
     def __init__(self, encoding: Any, *, cache_bytes: int = 16 * 1024 * 1024) -> None:
         self._enc = encoding
+        #: The longest token, in bytes (so at least as long in characters): the cheap
+        #: floor on a prompt's count (``proxy.prepare``) divides by it.
+        self.max_token_chars = (
+            max(
+                (len(b) for b in (*encoding.token_byte_values(), *encoding.special_tokens_set)),
+                default=0,
+            )
+            or None
+        )
         self._cache: ByteLRU[str, int] = ByteLRU(cache_bytes)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trimproxy-tt")
 

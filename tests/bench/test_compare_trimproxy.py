@@ -12,7 +12,7 @@ import pytest
 
 from bench.compare import conversations, metrics, trimmers
 from bench.compare.counting import REPLY_PRIMING, SharedCounter, approx_counter
-from proxy.types import TokenCounter
+from proxy.tokens.counter import TokenCounter
 
 BUDGETS = (1000, 2500, 4000, 8000, 12000, 16000)
 

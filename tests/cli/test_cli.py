@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from proxy.settings import Settings
-from tests.conftest import free_port
+from tests.support.processes import free_port
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -1,4 +1,4 @@
-"""The vLLM wire shapes the proxy depends on, through a real proxy process.
+"""The vLLM wire shapes the proxy depends on, through the app in-process.
 
 The simulated upstream speaks vLLM's OpenAI server as its source defines it
 (``vllm/entrypoints/openai``): the nested ``{"error": {...}}`` envelope of v0.10.1 and
@@ -17,9 +17,9 @@ import openai
 import orjson
 import pytest
 
-from tests.conftest import ProxyProcess, SimUpstream
+from tests.support.inprocess import StartApp, openai_client
+from tests.support.sim import SimUpstream
 
-StartProxy = Callable[..., ProxyProcess]
 LONG = {"model": "sim-model", "messages": [{"role": "user", "content": "word " * 400}]}
 
 
@@ -32,19 +32,19 @@ def sse_events(body: bytes) -> list[Any]:
     return events
 
 
-def test_models_listing_and_max_model_len(
-    proxy_server: StartProxy, sim_upstream_factory: Callable[..., SimUpstream]
+async def test_models_listing_and_max_model_len(
+    app_proxy: StartApp, sim_upstream_factory: Callable[..., SimUpstream]
 ) -> None:
     sim = sim_upstream_factory("vllm", max_model_len=3000)
-    proxy = proxy_server(upstream=sim, tokenizer="approx")
-    listing = httpx.get(f"{proxy.url}/v1/models").json()
+    proxy = await app_proxy(upstream=sim, tokenizer="approx")
+    listing = (await proxy.client.get("/v1/models")).json()
     assert listing["object"] == "list"
     (card,) = listing["data"]
     assert card["id"] == "sim-model" and card["owned_by"] == "vllm"
     assert card["max_model_len"] == 3000
     # The proxy's budget follows it: 3000 - max_tokens - 1 (FastChat's slack).
-    r = httpx.post(
-        f"{proxy.url}/v1/chat/completions",
+    r = await proxy.client.post(
+        "/v1/chat/completions",
         json={
             "model": "sim-model",
             "max_tokens": 1000,
@@ -59,16 +59,16 @@ def test_models_listing_and_max_model_len(
     assert int(r.headers["x-trimproxy-prompt-tokens"]) <= 1999
 
 
-def test_tokenize_with_messages_passes_through(
-    proxy_server: StartProxy, sim_upstream: SimUpstream
+async def test_tokenize_with_messages_passes_through(
+    app_proxy: StartApp, sim_upstream: SimUpstream
 ) -> None:
-    proxy = proxy_server(tokenizer="approx")
+    proxy = await app_proxy(tokenizer="approx")
     body = {
         "model": "sim-model",
         "messages": [{"role": "user", "content": "hello there"}],
         "add_generation_prompt": True,
     }
-    via_proxy = httpx.post(f"{proxy.url}/tokenize", json=body)
+    via_proxy = await proxy.client.post("/tokenize", json=body)
     direct = httpx.post(f"{sim_upstream.url}/tokenize", json=body)
     assert via_proxy.status_code == 200
     assert via_proxy.json() == direct.json()
@@ -76,29 +76,28 @@ def test_tokenize_with_messages_passes_through(
 
 
 @pytest.mark.parametrize("style", ["current", "legacy"])
-def test_over_long_prompt_error_reaches_the_sdk_as_vllm_sent_it(
-    proxy_server: StartProxy, sim_upstream_factory: Callable[..., SimUpstream], style: str
+async def test_over_long_prompt_error_reaches_the_sdk_as_vllm_sent_it(
+    app_proxy: StartApp, sim_upstream_factory: Callable[..., SimUpstream], style: str
 ) -> None:
     sim = sim_upstream_factory("vllm", max_model_len=128, error_style=style)
     # A window the operator set too large: the proxy lets it through, vLLM refuses.
-    proxy = proxy_server(upstream=sim, tokenizer="approx", context_window=100_000)
+    proxy = await app_proxy(upstream=sim, tokenizer="approx", context_window=100_000)
     direct = httpx.post(f"{sim.url}/v1/chat/completions", json=LONG)
-    via_proxy = httpx.post(f"{proxy.url}/v1/chat/completions", json=LONG)
+    via_proxy = await proxy.client.post("/v1/chat/completions", json=LONG)
     assert via_proxy.status_code == direct.status_code == 400
     assert via_proxy.content == direct.content
     error = via_proxy.json()["error"] if style == "current" else via_proxy.json()
     assert "maximum context length is 128 tokens" in error["message"]
-    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="x", max_retries=0)
-    with pytest.raises(openai.BadRequestError) as info:
-        client.chat.completions.create(**LONG)  # type: ignore[call-overload]
+    async with openai_client(proxy) as client:
+        with pytest.raises(openai.BadRequestError) as info:
+            await client.chat.completions.create(**LONG)  # type: ignore[call-overload]
     assert "maximum context length" in str(info.value)
-    client.close()
 
 
-def test_stream_with_usage_is_relayed_event_for_event(
-    proxy_server: StartProxy, sim_upstream: SimUpstream
+async def test_stream_with_usage_is_relayed_event_for_event(
+    app_proxy: StartApp, sim_upstream: SimUpstream
 ) -> None:
-    proxy = proxy_server(tokenizer="approx")
+    proxy = await app_proxy(tokenizer="approx")
     body = {
         "model": "sim-model",
         "messages": [{"role": "user", "content": "hi"}],
@@ -107,7 +106,7 @@ def test_stream_with_usage_is_relayed_event_for_event(
         "stream_options": {"include_usage": True},
     }
     direct = sse_events(httpx.post(f"{sim_upstream.url}/v1/chat/completions", json=body).content)
-    relayed = sse_events(httpx.post(f"{proxy.url}/v1/chat/completions", json=body).content)
+    relayed = sse_events((await proxy.client.post("/v1/chat/completions", json=body)).content)
     assert relayed[-1] == "[DONE]"
     *chunks, usage, _ = relayed
     assert all(c["object"] == "chat.completion.chunk" for c in chunks)

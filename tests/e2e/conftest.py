@@ -1,4 +1,4 @@
-"""Fixtures for the end-to-end tests against a real FastChat stack.
+"""Fixtures for the end-to-end tests against a real FastChat stack and a real vLLM engine.
 
 ``fastchat_stack`` (session scope) builds the FastChat venv and the tiny model when
 needed and runs controller + worker + OpenAI API server on loopback. It skips only when
@@ -8,27 +8,36 @@ an error, not a skip.
 ``start_proxy(**settings)`` starts trimproxy as a real process
 (``python -m proxy.cli serve``, through the shared ``proxy_server`` fixture) in front
 of that stack; it is stopped after the test.
+
+``vllm_stack`` (session scope) builds the vLLM venv and the tiny model when needed and
+runs ONE vLLM engine (``--api-key VLLM_API_KEY``, ``--max-model-len VLLM_MAX_MODEL_LEN``,
+6,144 KV tokens) for every vLLM test: each start costs about a minute. It skips only
+when ``TRIMPROXY_SKIP_VLLM=1``; anywhere else a venv that cannot be built or an engine
+that does not start is an error. ``vllm_idle`` waits until the engine runs and queues
+nothing, so one test's leftovers never land in the next one's counters.
+``start_vllm_proxy(**settings)`` starts trimproxy (a real process) in front of it, with
+the upstream key and the hf counter by default; stopped after the test.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-_ROOT = Path(__file__).resolve().parents[2]
-if str(_ROOT) not in sys.path:
-    # `tests.support` must import whether pytest was started as `pytest` or as
-    # `python -m pytest`, and whatever pyproject's pythonpath says.
-    sys.path.insert(0, str(_ROOT))
+from tests.support.fastchat_stack import FastChatStack
+from tests.support.processes import ProxyProcess
+from tests.support.tiny_model import MAX_POSITIONS, render_fastchat_prompt
+from tests.support.vllm_stack import VllmStack, build_vllm_model
 
-from tests.support.fastchat_stack import FastChatStack  # noqa: E402
-from tests.support.tiny_model import MAX_POSITIONS, render_fastchat_prompt  # noqa: E402
+#: The key the session's vLLM engine is started with (``--api-key``).
+VLLM_API_KEY = "vllm-e2e-key"
+#: The engine's ``--max-model-len``: below the model's 4,096 positions, so that a
+#: conversation outgrows it in a few turns.
+VLLM_MAX_MODEL_LEN = 2048
 
 
 @dataclass(frozen=True)
@@ -121,3 +130,62 @@ def start_proxy(
         for server in started:
             print(f"\n--- trimproxy log ({server.env}) ---\n{server.logs()[-6000:]}")
         print(fastchat_stack.log_tails())
+
+
+# --------------------------------------------------------------------------- vLLM
+
+StartVllmProxy = Callable[..., ProxyProcess]
+
+
+@pytest.fixture(scope="session")
+def vllm_stack() -> Iterator[VllmStack]:
+    if os.environ.get("TRIMPROXY_SKIP_VLLM") == "1":
+        pytest.skip("TRIMPROXY_SKIP_VLLM=1: the real vLLM engine is switched off")
+    with VllmStack(
+        build_vllm_model(), api_key=VLLM_API_KEY, max_model_len=VLLM_MAX_MODEL_LEN
+    ) as stack:
+        print(f"\nvLLM engine up: ready {stack.timings.ready:.1f}s")
+        yield stack
+
+
+@pytest.fixture
+def vllm_idle(vllm_stack: VllmStack, request: pytest.FixtureRequest) -> Iterator[VllmStack]:
+    """The session's engine, once nothing runs or waits on it; its log on failure."""
+    vllm_stack.wait_for_metrics(lambda m: m.running == 0 and m.waiting == 0, timeout=60.0)
+    yield vllm_stack
+    if vllm_stack.proc is None or vllm_stack.proc.poll() is not None:
+        pytest.fail(f"the vLLM engine died:\n{vllm_stack.log_text()[-6000:]}")
+    if _failed(request):
+        print(f"\n--- vLLM log ---\n{vllm_stack.log_text()[-6000:]}")
+
+
+@pytest.fixture
+def start_vllm_proxy(
+    vllm_idle: VllmStack, request: pytest.FixtureRequest
+) -> Iterator[StartVllmProxy]:
+    """``start_vllm_proxy(**settings)``: trimproxy in front of the session's engine.
+
+    Defaults: the upstream key, the hf counter on the model folder, a scrape of the
+    engine every 0.25 s; ``settings`` become ``TRIMPROXY_<NAME>`` and override them.
+    """
+    started: list[ProxyProcess] = []
+
+    def start(**settings: str | int | float) -> ProxyProcess:
+        merged: dict[str, str | int | float] = {
+            "upstream_url": vllm_idle.base_url,
+            "upstream_api_key": VLLM_API_KEY,
+            "tokenizer": f"hf:{vllm_idle.model_dir}",
+            "upstream_metrics_interval": 0.25,
+        }
+        merged.update({key.lower(): value for key, value in settings.items()})
+        # Importing transformers for the hf counter takes a few seconds on busy cores.
+        proxy = ProxyProcess(settings=merged, startup_timeout=120.0)
+        started.append(proxy)
+        return proxy.start()
+
+    yield start
+    failed = _failed(request)
+    for proxy in started:
+        proxy.stop()
+        if failed:
+            print(f"\n--- trimproxy log ({proxy.settings}) ---\n{proxy.final_log[-6000:]}")

@@ -1,7 +1,9 @@
-"""Reading a proxy's /metrics in tests: scrape over HTTP, look up samples by labels."""
+"""Reading a proxy's /metrics in tests: scrape over HTTP (a process) or through the
+app's client (in-process, ``ascrape``), look up samples by labels."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,10 +28,7 @@ class Scrape:
         return {name for name, _ in self.samples}
 
 
-def scrape(base_url: str) -> Scrape:
-    # A new connection per scrape: with several workers, any of them may answer.
-    with httpx.Client(timeout=10.0) as client:
-        response = client.get(f"{base_url}/metrics")
+def parse(response: httpx.Response) -> Scrape:
     assert response.status_code == 200, response.text
     assert response.headers["content-type"].startswith("text/plain")
     samples = {
@@ -38,6 +37,17 @@ def scrape(base_url: str) -> Scrape:
         for s in family.samples
     }
     return Scrape(response.text, samples)
+
+
+def scrape(base_url: str) -> Scrape:
+    # A new connection per scrape: with several workers, any of them may answer.
+    with httpx.Client(timeout=10.0) as client:
+        return parse(client.get(f"{base_url}/metrics"))
+
+
+async def ascrape(client: httpx.AsyncClient) -> Scrape:
+    """``GET /metrics`` of an in-process proxy (its ``InProcessProxy.client``)."""
+    return parse(await client.get("/metrics"))
 
 
 def wait_for_scrape(
@@ -52,3 +62,17 @@ def wait_for_scrape(
         if time.monotonic() - start > timeout:
             raise AssertionError(f"never matched within {timeout}s; last scrape:\n{result.text}")
         time.sleep(0.02)
+
+
+async def await_scrape(
+    client: httpx.AsyncClient, predicate: Callable[[Scrape], bool], timeout: float = 10.0
+) -> tuple[Scrape, float]:
+    """``wait_for_scrape`` for an in-process proxy: the app runs while this waits."""
+    start = time.monotonic()
+    while True:
+        result = await ascrape(client)
+        if predicate(result):
+            return result, time.monotonic() - start
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"never matched within {timeout}s; last scrape:\n{result.text}")
+        await asyncio.sleep(0.02)

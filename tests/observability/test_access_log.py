@@ -12,7 +12,8 @@ import httpx
 import orjson
 
 from proxy.logs import session_hash
-from tests.conftest import ProxyProcess, SimUpstream
+from tests.support.processes import ProxyProcess
+from tests.support.sim import SimUpstream
 
 CHAT = "/v1/chat/completions"
 GENERATED = re.compile(r"[0-9a-f]{32}")

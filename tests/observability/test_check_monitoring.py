@@ -1,5 +1,6 @@
-"""``scripts/check_monitoring.py`` as CI runs it: promtool on the rules, the dashboard's
-queries, and every metric they name against a real proxy's /metrics."""
+"""``scripts/check_monitoring.py`` as CI runs it: promtool on the rules (the Kubernetes
+PrometheusRule too), the dashboards' queries, and every metric that they, the rules and
+the Kubernetes monitoring objects name against a real proxy's /metrics."""
 
 from __future__ import annotations
 
@@ -56,12 +57,18 @@ def test_names_are_checked_against_what_is_exported() -> None:
         "templating": {"list": [{"name": "datasource", "type": "datasource"}]},
         "panels": [
             {"type": "timeseries", "title": "x", "datasource": {"uid": "${datasource}"},
+             "fieldConfig": {"defaults": {"noValue": "0"}},
              "targets": [{"expr": "rate(trimproxy_nope_total[5m])"}]},
             {"type": "timeseries", "title": "fixed", "datasource": {"uid": "prom-1"},
+             "fieldConfig": {"defaults": {"noValue": "0"}}, "targets": []},
+            {"type": "stat", "title": "blank", "datasource": {"uid": "${datasource}"},
              "targets": []},
         ],
     }  # fmt: skip
     exprs, problems = check.dashboard_exprs(dashboard)
     assert exprs == ["rate(trimproxy_nope_total[5m])"]
-    assert problems == ["panel 'fixed': data source is not ${datasource}"]
+    assert problems == [
+        "panel 'fixed': data source is not ${datasource}",
+        "panel 'blank': shows 'No data', not 0, when empty",
+    ]
     assert check.METRIC.findall(exprs[0]) == ["trimproxy_nope_total"]

@@ -1,15 +1,15 @@
-"""A real proxy process in front of the sim: a known sequence of requests, then the
+"""The app in-process in front of the sim: a known sequence of requests, then the
 exact counter increments and histogram counts read from ``GET /metrics``."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import httpx
 
-from tests.conftest import ProxyProcess, SimUpstream
-from tests.observability.promtext import scrape
+from tests.observability.promtext import ascrape
+from tests.support.inprocess import StartApp
+from tests.support.sim import SimUpstream
 
 CHAT = "/v1/chat/completions"
 WORDS = " ".join(f"w{i}" for i in range(40))
@@ -19,24 +19,26 @@ def turns(*contents: str) -> list[dict[str, str]]:
     return [{"role": ("user", "assistant")[i % 2], "content": c} for i, c in enumerate(contents)]
 
 
-def post(client: httpx.Client, messages: list[dict[str, str]], **extra: Any) -> httpx.Response:
-    return client.post(CHAT, json={"model": "sim-model", "messages": messages, **extra})
+async def post(
+    client: httpx.AsyncClient, messages: list[dict[str, str]], **extra: Any
+) -> httpx.Response:
+    return await client.post(CHAT, json={"model": "sim-model", "messages": messages, **extra})
 
 
-def test_known_sequence_counts_exactly(
-    proxy_server: Callable[..., ProxyProcess], sim_upstream: SimUpstream
+async def test_known_sequence_counts_exactly(
+    app_proxy: StartApp, sim_upstream: SimUpstream
 ) -> None:
-    proxy = proxy_server(max_prompt_tokens=60, max_body_bytes=2048, upstream_metrics_interval=0)
-    with httpx.Client(base_url=proxy.url, timeout=30.0) as client:
-        plain = [post(client, turns("hello there")) for _ in range(2)]
-        trimmed = post(client, turns(WORDS, WORDS, "and now?"))
-        too_long = post(client, turns(WORDS * 3))
-        too_big = post(client, turns("x" * 4096))
-        sim_upstream.configure(fail_next={"status": 500})
-        failed = post(client, turns("hello there"))
-        sim_upstream.configure(fail_next={"close": True})
-        dropped = post(client, turns("hello there"))
-        streamed = post(client, turns("hello there"), stream=True)
+    proxy = await app_proxy(max_prompt_tokens=60, max_body_bytes=2048, upstream_metrics_interval=0)
+    client = proxy.client
+    plain = [await post(client, turns("hello there")) for _ in range(2)]
+    trimmed = await post(client, turns(WORDS, WORDS, "and now?"))
+    too_long = await post(client, turns(WORDS * 3))
+    too_big = await post(client, turns("x" * 4096))
+    sim_upstream.configure(fail_next={"status": 500})
+    failed = await post(client, turns("hello there"))
+    sim_upstream.configure(fail_next={"close": True})
+    dropped = await post(client, turns("hello there"))
+    streamed = await post(client, turns("hello there"), stream=True)
 
     assert [r.status_code for r in plain] == [200, 200]
     assert trimmed.status_code == 200
@@ -50,7 +52,7 @@ def test_known_sequence_counts_exactly(
 
     p = int(plain[0].headers["x-trimproxy-prompt-tokens"])
     t = int(trimmed.headers["x-trimproxy-prompt-tokens"])
-    m = scrape(proxy.url)
+    m = await ascrape(proxy.client)
 
     def chat_requests(code: str) -> float:
         return m.value("trimproxy_requests_total", route=CHAT, code=code)
@@ -88,17 +90,17 @@ def test_known_sequence_counts_exactly(
     assert not any(name.endswith("_created") for name in m.names())
 
 
-def test_every_route_is_counted_with_a_bounded_label(
-    proxy_server: Callable[..., ProxyProcess],
+async def test_every_route_is_counted_with_a_bounded_label(
+    app_proxy: StartApp,
 ) -> None:
-    proxy = proxy_server(upstream_metrics_interval=0)
-    before = scrape(proxy.url)  # the fixture's start-up probes of /healthz are in it
-    with httpx.Client(base_url=proxy.url, timeout=10.0) as client:
-        assert client.get("/v1/models").status_code == 200
-        assert client.get("/healthz").status_code == 200
-        for i in range(3):
-            assert client.get(f"/nothing/{i}").status_code == 404
-    m = scrape(proxy.url)
+    proxy = await app_proxy(upstream_metrics_interval=0)
+    before = await ascrape(proxy.client)  # the fixture's start-up probes of /healthz are in it
+    client = proxy.client
+    assert (await client.get("/v1/models")).status_code == 200
+    assert (await client.get("/healthz")).status_code == 200
+    for i in range(3):
+        assert (await client.get(f"/nothing/{i}")).status_code == 404
+    m = await ascrape(proxy.client)
     assert m.value("trimproxy_requests_total", route="/v1/models", code="200") == 1
     healthz = ("trimproxy_requests_total", {"route": "/healthz", "code": "200"})
     assert m.value(healthz[0], **healthz[1]) - before.value(healthz[0], **healthz[1]) == 1

@@ -7,12 +7,13 @@ import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import aiohttp
 import pytest
 from aiohttp import web
 
 from proxy.metrics import Metrics
 from proxy.scrape import UpstreamScraper, parse_stats
+from proxy.settings import Settings
+from proxy.upstream import Upstream
 
 VLLM_V1 = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -58,7 +59,7 @@ def test_parse_without_kv_or_with_nan() -> None:
     assert parse_stats("vllm:kv_cache_usage_perc NaN\n").kv_cache_usage is None
 
 
-class Upstream:
+class FakeEngine:
     """A loopback server whose ``/metrics`` answers ``status`` with ``body``."""
 
     def __init__(self) -> None:
@@ -73,8 +74,8 @@ class Upstream:
 
 
 @pytest.fixture
-async def upstream() -> AsyncIterator[Upstream]:
-    fake = Upstream()
+async def upstream() -> AsyncIterator[FakeEngine]:
+    fake = FakeEngine()
     app = web.Application()
     app.router.add_get("/metrics", fake.handle)
     runner = web.AppRunner(app, access_log=None)
@@ -87,9 +88,11 @@ async def upstream() -> AsyncIterator[Upstream]:
 
 
 @pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as client:
-        yield client
+async def client(upstream: FakeEngine) -> AsyncIterator[Upstream]:
+    """The proxy's upstream client, pointed at the fake engine."""
+    own = Upstream(Settings(upstream_url=upstream.url))
+    yield own
+    await own.aclose()
 
 
 def value(metrics: Metrics, name: str) -> float:
@@ -99,10 +102,10 @@ def value(metrics: Metrics, name: str) -> float:
 
 
 async def test_scrape_exports_and_says_a_404_once(
-    upstream: Upstream, session: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
+    upstream: FakeEngine, client: Upstream, caplog: pytest.LogCaptureFixture
 ) -> None:
     metrics = Metrics()
-    scraper = UpstreamScraper(session, upstream.url, metrics, 5.0)
+    scraper = UpstreamScraper(client, metrics, 5.0)
     assert await scraper.scrape_once()
     assert value(metrics, "trimproxy_upstream_kv_cache_usage_ratio") == 0.75
     assert value(metrics, "trimproxy_upstream_requests_running") == 5
@@ -125,17 +128,19 @@ async def test_scrape_exports_and_says_a_404_once(
 
 
 async def test_unreachable_and_metricless_upstreams(
-    upstream: Upstream, session: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
+    upstream: FakeEngine, client: Upstream, caplog: pytest.LogCaptureFixture
 ) -> None:
     metrics = Metrics()
     upstream.body = "# a /metrics of something else\nup 1\n"
     with caplog.at_level(logging.INFO, logger="trimproxy.scrape"):
-        scraper = UpstreamScraper(session, upstream.url, metrics, 5.0)
+        scraper = UpstreamScraper(client, metrics, 5.0)
         assert not await scraper.scrape_once()
         assert not await scraper.scrape_once()
-        gone = UpstreamScraper(session, "http://127.0.0.1:9", metrics, 5.0)  # discard port
+        nowhere = Upstream(Settings(upstream_url="http://127.0.0.1:9"))  # discard port
+        gone = UpstreamScraper(nowhere, metrics, 5.0)
         assert not await gone.scrape_once()
         assert not await gone.scrape_once()
+        await nowhere.aclose()
     messages = [r.getMessage() for r in caplog.records]
     assert len([m for m in messages if "has no vllm:kv_cache_usage_perc" in m]) == 1
     assert len([m for m in messages if "failed" in m]) == 1
@@ -143,10 +148,10 @@ async def test_unreachable_and_metricless_upstreams(
 
 
 async def test_background_task_backs_off_while_the_upstream_has_nothing(
-    upstream: Upstream, session: aiohttp.ClientSession
+    upstream: FakeEngine, client: Upstream
 ) -> None:
     upstream.status = 404
-    scraper = UpstreamScraper(session, upstream.url, Metrics(), 0.05)
+    scraper = UpstreamScraper(client, Metrics(), 0.05)
     scraper.start()
     await asyncio.sleep(1.0)
     await scraper.stop()
@@ -154,7 +159,7 @@ async def test_background_task_backs_off_while_the_upstream_has_nothing(
     assert 2 <= upstream.hits <= 5
     upstream.status = 200
     upstream.hits = 0
-    scraper = UpstreamScraper(session, upstream.url, Metrics(), 0.05)
+    scraper = UpstreamScraper(client, Metrics(), 0.05)
     scraper.start()
     await asyncio.sleep(0.5)
     await scraper.stop()
@@ -162,12 +167,12 @@ async def test_background_task_backs_off_while_the_upstream_has_nothing(
 
 
 async def test_only_the_lock_holder_scrapes(
-    upstream: Upstream, session: aiohttp.ClientSession, tmp_path: Path
+    upstream: FakeEngine, client: Upstream, tmp_path: Path
 ) -> None:
     lock = str(tmp_path / "upstream-scraper.lock")
-    first = UpstreamScraper(session, upstream.url, Metrics(), 0.05, lock_path=lock)
+    first = UpstreamScraper(client, Metrics(), 0.05, lock_path=lock)
     second_metrics = Metrics()
-    second = UpstreamScraper(session, upstream.url, second_metrics, 0.05, lock_path=lock)
+    second = UpstreamScraper(client, second_metrics, 0.05, lock_path=lock)
     first.start()
     await asyncio.sleep(0.2)
     second.start()
@@ -182,11 +187,11 @@ async def test_only_the_lock_holder_scrapes(
 
 
 async def test_a_malformed_metrics_page_is_a_failed_scrape(
-    upstream: Upstream, session: aiohttp.ClientSession
+    upstream: FakeEngine, client: Upstream
 ) -> None:
     upstream.body = 'vllm:kv_cache_usage_perc{engine="0" 0.5\n'
     metrics = Metrics()
-    scraper = UpstreamScraper(session, upstream.url, metrics, 0.05)
+    scraper = UpstreamScraper(client, metrics, 0.05)
     assert not await scraper.scrape_once()
     assert value(metrics, "trimproxy_upstream_metrics_up") == 0
     scraper.start()  # and the background task lives on through it

@@ -17,8 +17,9 @@ from pathlib import Path
 import httpx
 from prometheus_client.mmap_dict import MmapedDict
 
-from tests.conftest import ProxyProcess, SimUpstream
 from tests.observability.promtext import scrape, wait_for_scrape
+from tests.support.processes import ProxyProcess
+from tests.support.sim import SimUpstream
 
 CHAT = "/v1/chat/completions"
 BODY = {"model": "sim-model", "messages": [{"role": "user", "content": "hello"}]}
@@ -67,10 +68,18 @@ def _worker_pids(proxy: ProxyProcess) -> list[int]:
     return [int(p) for p in children.read_text().split()]
 
 
+def _read(path: Path) -> list[tuple[str, float, float, int]]:
+    # prometheus-client ships this reader without annotations.
+    values: list[tuple[str, float, float, int]] = MmapedDict.read_all_values_from_file(  # type: ignore[no-untyped-call]
+        str(path)
+    )
+    return values
+
+
 def _chat_requests_by_pid(directory: Path) -> dict[int, float]:
     out: dict[int, float] = {}
     for path in directory.glob("counter_*.db"):
-        for key, value, _ts, _pos in MmapedDict.read_all_values_from_file(str(path)):
+        for key, value, _ts, _pos in _read(path):
             _family, sample, labels, _help = json.loads(key)
             if sample == "trimproxy_requests_total" and labels["route"] == CHAT:
                 pid = int(path.stem.rsplit("_", 1)[1])
@@ -81,7 +90,7 @@ def _chat_requests_by_pid(directory: Path) -> dict[int, float]:
 def _in_flight_by_pid(directory: Path) -> dict[int, float]:
     out = {}
     for path in directory.glob("gauge_livesum_*.db"):
-        for key, value, _ts, _pos in MmapedDict.read_all_values_from_file(str(path)):
+        for key, value, _ts, _pos in _read(path):
             if '"trimproxy_requests_in_flight"' in key:
                 out[int(path.stem.rsplit("_", 1)[1])] = value
     return out

@@ -1,16 +1,14 @@
-"""What the upstream really receives, through a real proxy process."""
+"""What the upstream really receives, from the app in-process (tests/support/inprocess.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
-import httpx
 import orjson
 
-from tests.conftest import ProxyProcess, SimUpstream
-
-StartProxy = Callable[..., ProxyProcess]
+from tests.support.inprocess import StartApp
+from tests.support.sim import SimUpstream
 
 
 def received_headers(record: dict[str, Any]) -> dict[str, str]:
@@ -26,26 +24,26 @@ def conversation(turns: int, words: int = 40) -> list[dict[str, Any]]:
     return messages
 
 
-def test_untrimmed_body_reaches_upstream_byte_for_byte(
-    proxy_server: StartProxy, sim_upstream: SimUpstream
+async def test_untrimmed_body_reaches_upstream_byte_for_byte(
+    app_proxy: StartApp, sim_upstream: SimUpstream
 ) -> None:
-    proxy = proxy_server(tokenizer="approx")
+    proxy = await app_proxy(tokenizer="approx")
     # Odd spacing, key order and escapes: a re-serialised body would differ.
     raw = (
         b'{ "model" : "sim-model",\n "messages":[{"role":"user","content":"caf\\u00e9  "}],'
         b' "temperature": 0.50, "x_vendor": {"keep": [1, 2.0, null]}, "max_tokens": 8 }'
     )
-    r = httpx.post(f"{proxy.url}/v1/chat/completions", content=raw)
+    r = await proxy.client.post("/v1/chat/completions", content=raw)
     assert r.status_code == 200, r.text
     assert r.headers["x-trimproxy-trimmed-messages"] == "0"
     (received,) = sim_upstream.chat_requests()
     assert received["body"].encode() == raw
 
 
-def test_trimmed_request_keeps_system_last_turn_and_unknown_fields(
-    proxy_server: StartProxy, sim_upstream: SimUpstream
+async def test_trimmed_request_keeps_system_last_turn_and_unknown_fields(
+    app_proxy: StartApp, sim_upstream: SimUpstream
 ) -> None:
-    proxy = proxy_server(tokenizer="approx", max_prompt_tokens=1000)
+    proxy = await app_proxy(tokenizer="approx", max_prompt_tokens=1000)
     messages = conversation(30)
     body = {
         "model": "sim-model",
@@ -54,7 +52,7 @@ def test_trimmed_request_keeps_system_last_turn_and_unknown_fields(
         "temperature": 0.2,
         "x_vendor": {"nested": [1, 2]},
     }
-    r = httpx.post(f"{proxy.url}/v1/chat/completions", json=body)
+    r = await proxy.client.post("/v1/chat/completions", json=body)
     assert r.status_code == 200, r.text
     (received,) = sim_upstream.chat_requests()
     sent = received["json"]
@@ -72,13 +70,13 @@ def test_trimmed_request_keeps_system_last_turn_and_unknown_fields(
     }
 
 
-def test_budget_comes_from_the_upstreams_max_model_len(
-    proxy_server: StartProxy, sim_upstream_factory: Callable[..., SimUpstream]
+async def test_budget_comes_from_the_upstreams_max_model_len(
+    app_proxy: StartApp, sim_upstream_factory: Callable[..., SimUpstream]
 ) -> None:
     sim = sim_upstream_factory("vllm", max_model_len=1200)
-    proxy = proxy_server(upstream=sim, tokenizer="approx")
-    r = httpx.post(
-        f"{proxy.url}/v1/chat/completions",
+    proxy = await app_proxy(upstream=sim, tokenizer="approx")
+    r = await proxy.client.post(
+        "/v1/chat/completions",
         json={"model": "sim-model", "messages": conversation(30), "max_tokens": 200},
     )
     assert r.status_code == 200, r.text
@@ -86,13 +84,13 @@ def test_budget_comes_from_the_upstreams_max_model_len(
     assert int(r.headers["x-trimproxy-prompt-tokens"]) <= 1200 - 200
 
 
-def test_fastchat_context_window_from_token_check(
-    proxy_server: StartProxy, sim_upstream_factory: Callable[..., SimUpstream]
+async def test_fastchat_context_window_from_token_check(
+    app_proxy: StartApp, sim_upstream_factory: Callable[..., SimUpstream]
 ) -> None:
     sim = sim_upstream_factory("fastchat", max_model_len=1000)
-    proxy = proxy_server(upstream=sim, tokenizer="approx")
-    r = httpx.post(
-        f"{proxy.url}/v1/chat/completions",
+    proxy = await app_proxy(upstream=sim, tokenizer="approx")
+    r = await proxy.client.post(
+        "/v1/chat/completions",
         json={"model": "sim-model", "messages": conversation(30), "max_tokens": 100},
     )
     assert r.status_code == 200, r.text
@@ -101,12 +99,12 @@ def test_fastchat_context_window_from_token_check(
     assert "/api/v1/token_check" in paths
 
 
-def test_headers_hop_by_hop_dropped_and_request_id_passed(
-    proxy_server: StartProxy, sim_upstream: SimUpstream
+async def test_headers_hop_by_hop_dropped_and_request_id_passed(
+    app_proxy: StartApp, sim_upstream: SimUpstream
 ) -> None:
-    proxy = proxy_server(tokenizer="approx")
-    r = httpx.post(
-        f"{proxy.url}/v1/chat/completions",
+    proxy = await app_proxy(tokenizer="approx")
+    r = await proxy.client.post(
+        "/v1/chat/completions",
         json={"model": "sim-model", "messages": [{"role": "user", "content": "hi"}]},
         headers={
             "Authorization": "Bearer client-key",
@@ -126,12 +124,12 @@ def test_headers_hop_by_hop_dropped_and_request_id_passed(
     assert headers["authorization"] == "Bearer client-key"
 
 
-def test_upstream_key_replaces_the_clients(
-    proxy_server: StartProxy, sim_upstream: SimUpstream
+async def test_upstream_key_replaces_the_clients(
+    app_proxy: StartApp, sim_upstream: SimUpstream
 ) -> None:
-    proxy = proxy_server(tokenizer="approx", api_keys="k1,k2", upstream_api_key="up-secret")
-    r = httpx.post(
-        f"{proxy.url}/v1/chat/completions",
+    proxy = await app_proxy(tokenizer="approx", api_keys="k1,k2", upstream_api_key="up-secret")
+    r = await proxy.client.post(
+        "/v1/chat/completions",
         json={"model": "sim-model", "messages": [{"role": "user", "content": "hi"}]},
         headers={"Authorization": "Bearer k2"},
     )
@@ -141,32 +139,32 @@ def test_upstream_key_replaces_the_clients(
     assert headers["authorization"] == "Bearer up-secret"
 
 
-def test_proxy_key_never_travels_upstream(
-    proxy_server: StartProxy, sim_upstream: SimUpstream
+async def test_proxy_key_never_travels_upstream(
+    app_proxy: StartApp, sim_upstream: SimUpstream
 ) -> None:
-    proxy = proxy_server(tokenizer="approx", api_keys="k1")
-    r = httpx.get(f"{proxy.url}/v1/models", headers={"Authorization": "Bearer k1"})
+    proxy = await app_proxy(tokenizer="approx", api_keys="k1")
+    r = await proxy.client.get("/v1/models", headers={"Authorization": "Bearer k1"})
     assert r.status_code == 200
     (received,) = sim_upstream.requests("/v1/models")
     assert "authorization" not in received_headers(received)
 
 
-def test_other_routes_pass_through(proxy_server: StartProxy, sim_upstream: SimUpstream) -> None:
-    proxy = proxy_server(tokenizer="approx")
-    with httpx.Client(base_url=proxy.url) as client:
-        models = client.get("/v1/models")
-        assert models.status_code == 200
-        assert models.json()["data"][0]["id"] == "sim-model"
-        completion = client.post(
-            "/v1/completions?trace=1", json={"model": "sim-model", "prompt": "hi", "max_tokens": 4}
-        )
-        assert completion.status_code == 200
-        assert completion.json()["object"] == "text_completion"
-        embeddings = client.post("/v1/embeddings", json={"model": "sim-model", "input": "hi"})
-        assert embeddings.status_code == 200
-        tokenized = client.post("/tokenize", json={"model": "sim-model", "prompt": "a b c"})
-        assert tokenized.status_code == 200
-        assert tokenized.json()["count"] > 0
+async def test_other_routes_pass_through(app_proxy: StartApp, sim_upstream: SimUpstream) -> None:
+    proxy = await app_proxy(tokenizer="approx")
+    client = proxy.client
+    models = await client.get("/v1/models")
+    assert models.status_code == 200
+    assert models.json()["data"][0]["id"] == "sim-model"
+    completion = await client.post(
+        "/v1/completions?trace=1", json={"model": "sim-model", "prompt": "hi", "max_tokens": 4}
+    )
+    assert completion.status_code == 200
+    assert completion.json()["object"] == "text_completion"
+    embeddings = await client.post("/v1/embeddings", json={"model": "sim-model", "input": "hi"})
+    assert embeddings.status_code == 200
+    tokenized = await client.post("/tokenize", json={"model": "sim-model", "prompt": "a b c"})
+    assert tokenized.status_code == 200
+    assert tokenized.json()["count"] > 0
     paths = [req["path"] for req in sim_upstream.requests()]
     assert paths.count("/v1/completions") == 1
     completions = sim_upstream.requests("/v1/completions")
@@ -177,15 +175,15 @@ def test_other_routes_pass_through(proxy_server: StartProxy, sim_upstream: SimUp
     }
 
 
-def test_health_and_readiness(
-    proxy_server: StartProxy, sim_upstream_factory: Callable[..., SimUpstream]
+async def test_health_and_readiness(
+    app_proxy: StartApp, sim_upstream_factory: Callable[..., SimUpstream]
 ) -> None:
     sim = sim_upstream_factory("vllm")
-    proxy = proxy_server(upstream=sim, tokenizer="approx")
-    assert httpx.get(f"{proxy.url}/healthz").status_code == 200
-    assert httpx.get(f"{proxy.url}/readyz").status_code == 200
+    proxy = await app_proxy(upstream=sim, tokenizer="approx")
+    assert (await proxy.client.get("/healthz")).status_code == 200
+    assert (await proxy.client.get("/readyz")).status_code == 200
     sim.stop()
-    assert httpx.get(f"{proxy.url}/healthz").status_code == 200
-    not_ready = httpx.get(f"{proxy.url}/readyz")
+    assert (await proxy.client.get("/healthz")).status_code == 200
+    not_ready = await proxy.client.get("/readyz")
     assert not_ready.status_code == 503
     assert not_ready.json()["status"] == "not ready"

@@ -1,4 +1,5 @@
-"""The official openai SDK through the proxy, streaming relay, and client disconnects."""
+"""The official openai SDK through the proxy (in-process), and what needs a real
+server: chunks relayed as they are generated, and client disconnects."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
-import openai
 import pytest
 
-from tests.conftest import ProxyProcess, SimUpstream
+from tests.support.inprocess import StartApp, openai_client
+from tests.support.processes import ProxyProcess
+from tests.support.sim import SimUpstream
 
 StartProxy = Callable[..., ProxyProcess]
 
@@ -25,38 +27,34 @@ def history(turns: int) -> list[Any]:
     return messages
 
 
-def test_openai_sdk_non_streaming(proxy_server: StartProxy, sim_upstream: SimUpstream) -> None:
-    proxy = proxy_server(tokenizer="approx", max_prompt_tokens=800)
-    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="unused", max_retries=0)
-    raw = client.chat.completions.with_raw_response.create(
-        model="sim-model", messages=history(20), max_tokens=8
-    )
+async def test_openai_sdk_non_streaming(app_proxy: StartApp, sim_upstream: SimUpstream) -> None:
+    async with openai_client(await app_proxy(tokenizer="approx", max_prompt_tokens=800)) as client:
+        raw = await client.chat.completions.with_raw_response.create(
+            model="sim-model", messages=history(20), max_tokens=8
+        )
     completion = raw.parse()
     assert completion.choices[0].message.role == "assistant"
     assert completion.usage is not None and completion.usage.prompt_tokens > 0
     assert int(raw.headers["x-trimproxy-trimmed-messages"]) > 0
     assert int(raw.headers["x-trimproxy-prompt-tokens"]) <= 800
-    client.close()
 
 
-def test_openai_sdk_streaming(proxy_server: StartProxy, sim_upstream: SimUpstream) -> None:
-    proxy = proxy_server(tokenizer="approx", max_prompt_tokens=800)
-    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="unused", max_retries=0)
-    stream = client.chat.completions.create(
-        model="sim-model",
-        messages=history(20),
-        max_tokens=8,
-        stream=True,
-        stream_options={"include_usage": True},
-    )
-    chunks = list(stream)
+async def test_openai_sdk_streaming(app_proxy: StartApp, sim_upstream: SimUpstream) -> None:
+    async with openai_client(await app_proxy(tokenizer="approx", max_prompt_tokens=800)) as client:
+        stream = await client.chat.completions.create(
+            model="sim-model",
+            messages=history(20),
+            max_tokens=8,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = [chunk async for chunk in stream]
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text
     usage = [c.usage for c in chunks if c.usage is not None]
     assert len(usage) == 1 and usage[0].completion_tokens == 8
     (received,) = sim_upstream.chat_requests()
     assert received["json"]["stream"] is True
-    client.close()
 
 
 def test_stream_chunks_arrive_as_generated_not_buffered(

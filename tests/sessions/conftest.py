@@ -6,18 +6,13 @@ a test may stop and restart it on the same port to simulate an outage.
 
 from __future__ import annotations
 
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-_ROOT = Path(__file__).resolve().parents[2]
-if str(_ROOT) not in sys.path:
-    sys.path.insert(0, str(_ROOT))  # `tests.*` importable however pytest was started
-
-from tests.sessions.redis_server import REDIS_BIN, RedisServer  # noqa: E402
+from tests.sessions.redis_server import REDIS_BIN, RedisServer
 
 
 @pytest.fixture

@@ -1,10 +1,36 @@
-"""Conversations for the session tests."""
+"""Conversations for the session tests, and time that passes without sleeping."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
+from proxy.sessions.memory import MemoryStore
+from proxy.sessions.store import SessionStore
+
 Message = dict[str, Any]
+
+
+class FakeClock:
+    """A ``clock=`` for the memory store that moves only when told to."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def later(store: SessionStore, seconds: float) -> None:
+    """Let ``seconds`` pass for ``store``. The memory store's clock is moved (no sleep,
+    its clock becomes a ``FakeClock`` if it was not one); Redis keeps its own time
+    (``TIME``), so the Redis run of a test is that behaviour's real-time test."""
+    if isinstance(store, MemoryStore):
+        if not isinstance(store.clock, FakeClock):
+            store.clock = FakeClock(store.clock())
+        store.clock.now += seconds
+    else:
+        await asyncio.sleep(seconds)
 
 
 def conversation(users: int, *, tag: str = "a", system: str = "Answer briefly.") -> list[Message]:

@@ -10,13 +10,9 @@ from pathlib import Path
 
 import redis
 
+from tests.support.processes import free_port
+
 REDIS_BIN = shutil.which("redis-server")
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class RedisServer:

@@ -1,10 +1,10 @@
-"""Session identity and conversation hashes (proxy/fingerprint.py)."""
+"""Session identity and conversation hashes (proxy/sessions/identity.py)."""
 
 from __future__ import annotations
 
 from starlette.datastructures import Headers
 
-from proxy.fingerprint import HASH_HEX, Identity, conversation_probe, identify
+from proxy.sessions.identity import HASH_HEX, Identity, hash_conversation, identify
 from tests.sessions.helpers import conversation
 
 
@@ -59,25 +59,25 @@ def test_keys_are_bounded_and_unsafe_ids_are_not_echoed() -> None:
 
 def test_prefix_hashes_mark_every_user_message() -> None:
     messages = conversation(4)
-    probe = conversation_probe(messages)
-    assert probe.user_starts == (1, 3, 5, 7)
-    assert len(probe.prefix_hashes) == 4 * HASH_HEX
+    hashes = hash_conversation(messages)
+    assert hashes.user_starts == (1, 3, 5, 7)
+    assert len(hashes.prefix_hashes) == 4 * HASH_HEX
     # Growing the conversation keeps earlier prefix hashes; editing an old message
     # changes every hash after it.
-    longer = conversation_probe(conversation(6))
-    assert longer.prefix_hashes.startswith(probe.prefix_hashes)
+    longer = hash_conversation(conversation(6))
+    assert longer.prefix_hashes.startswith(hashes.prefix_hashes)
     edited = [dict(m) for m in messages]
     edited[4]["content"] = "a different answer"  # the answer before the 3rd user message
-    changed = conversation_probe(edited)
-    assert changed.prefix_hashes[: 2 * HASH_HEX] == probe.prefix_hashes[: 2 * HASH_HEX]
-    assert changed.prefix_hash(2) != probe.prefix_hash(2)
-    assert changed.prefix_hash(3) != probe.prefix_hash(3)
+    changed = hash_conversation(edited)
+    assert changed.prefix_hashes[: 2 * HASH_HEX] == hashes.prefix_hashes[: 2 * HASH_HEX]
+    assert changed.prefix_hash(2) != hashes.prefix_hash(2)
+    assert changed.prefix_hash(3) != hashes.prefix_hash(3)
 
 
 def test_prefix_hashes_ignore_key_order_and_non_identity_fields() -> None:
     messages = conversation(3)
     reordered = [dict(reversed(list(m.items()))) for m in messages]
     decorated = [{**m, "x_ui_id": i} for i, m in enumerate(messages)]
-    base = conversation_probe(messages).prefix_hashes
-    assert conversation_probe(reordered).prefix_hashes == base
-    assert conversation_probe(decorated).prefix_hashes == base
+    base = hash_conversation(messages).prefix_hashes
+    assert hash_conversation(reordered).prefix_hashes == base
+    assert hash_conversation(decorated).prefix_hashes == base

@@ -10,16 +10,18 @@ from collections.abc import Iterator
 
 import pytest
 
-from proxy.fingerprint import conversation_probe
-from proxy.redis_store import RedisStore
-from proxy.sessions import Limits, StoreUnavailable
+from proxy.sessions.identity import hash_conversation
+from proxy.sessions.redis_store import RedisStore
+from proxy.sessions.rule import Limits
+from proxy.sessions.store import StoreUnavailable
 from tests.sessions.helpers import conversation
-from tests.sessions.redis_server import RedisServer, free_port
+from tests.sessions.redis_server import RedisServer
+from tests.support.processes import free_port
 
 pytestmark = pytest.mark.redis
 
 LIMITS = Limits(max_turns=3, max_age=None, action="reset", idle_ttl=60)
-PROBE = conversation_probe(conversation(4))
+PROBE = hash_conversation(conversation(4))
 
 
 def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:

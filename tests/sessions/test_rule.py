@@ -1,6 +1,7 @@
 """The session rule, run by both stores: in memory, and as Lua in a real Redis.
 
 Every test here runs against both, so the Lua script and ``decide`` cannot drift.
+Time passes on a fake clock for the memory store and for real in Redis (``later``).
 """
 
 from __future__ import annotations
@@ -11,10 +12,12 @@ from typing import Literal
 
 import pytest
 
-from proxy.fingerprint import conversation_probe
-from proxy.redis_store import KEY_PREFIX, RedisStore
-from proxy.sessions import Decision, Limits, MemoryStore, SessionStore
-from tests.sessions.helpers import conversation
+from proxy.sessions.identity import hash_conversation
+from proxy.sessions.memory import MemoryStore
+from proxy.sessions.redis_store import KEY_PREFIX, RedisStore
+from proxy.sessions.rule import Decision, Limits
+from proxy.sessions.store import SessionStore
+from tests.sessions.helpers import FakeClock, conversation, later
 from tests.sessions.redis_server import RedisServer
 
 TURNS3 = Limits(max_turns=3, max_age=None, action="reset", idle_ttl=60)
@@ -24,10 +27,12 @@ TURNS3 = Limits(max_turns=3, max_age=None, action="reset", idle_ttl=60)
 async def store(request: pytest.FixtureRequest) -> AsyncIterator[SessionStore]:
     built: SessionStore
     if request.param == "memory":
-        built = MemoryStore(max_entries=1000)
+        built = MemoryStore(max_entries=1000, clock=FakeClock())
     else:
         server: RedisServer = request.getfixturevalue("redis_server")
-        built = RedisStore(server.url)
+        # The rule is under test, not the deadline (test_outage.py): a loaded machine
+        # must not turn 40 concurrent checks into StoreUnavailable.
+        built = RedisStore(server.url, timeout=5.0)
     try:
         yield built
     finally:
@@ -37,7 +42,7 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[SessionStore]:
 async def admit(
     store: SessionStore, users: int, limits: Limits = TURNS3, *, key: str = "k", tag: str = "a"
 ) -> Decision:
-    return await store.admit(key, conversation_probe(conversation(users, tag=tag)), limits)
+    return await store.admit(key, hash_conversation(conversation(users, tag=tag)), limits)
 
 
 def shape(d: Decision) -> tuple[str, int, int, str | None]:
@@ -96,7 +101,7 @@ async def test_age_limit(store: SessionStore, action: Literal["reset", "reject"]
     limits = Limits(None, 0.3, action, 60)
     assert shape(await admit(store, 1, limits)) == ("pass", 0, 1, None)
     assert shape(await admit(store, 2, limits)) == ("pass", 0, 2, None)
-    await asyncio.sleep(0.45)
+    await later(store, 0.45)
     third = await admit(store, 3, limits)
     assert third.age > 0.3
     if action == "reset":
@@ -176,9 +181,9 @@ async def test_a_new_conversation_does_not_keep_a_live_session_young(
 ) -> None:
     limits = Limits(None, 1.0, "reject", 60)
     assert shape(await admit(store, 1, limits)) == ("pass", 0, 1, None)
-    await asyncio.sleep(0.5)
+    await later(store, 0.5)
     assert shape(await admit(store, 1, limits, tag="b")) == ("pass", 0, 1, None)
-    await asyncio.sleep(0.7)
+    await later(store, 0.7)
     # 1.2 s since the session started: the second first turn did not restart the clock.
     late = await admit(store, 2, limits)
     assert shape(late) == ("reject", 0, 2, "age") and late.age > 1.0

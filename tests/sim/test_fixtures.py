@@ -1,5 +1,5 @@
-"""The ``proxy_server`` fixture end to end: a real ``trimproxy serve`` in front of the
-session sim, as the other suites use it."""
+"""The shared fixtures end to end: ``proxy_server`` (a real ``trimproxy serve``) and
+``app_proxy`` (the app in-process) in front of the session sim, as the suites use them."""
 
 from __future__ import annotations
 
@@ -8,8 +8,11 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
+import pytest
 
-from tests.conftest import ProxyProcess, SimUpstream
+from tests.support.inprocess import StartApp
+from tests.support.processes import ProxyProcess
+from tests.support.sim import SimUpstream
 
 CHAT = "/v1/chat/completions"
 BODY = {"model": "sim-model", "messages": [{"role": "user", "content": "hello"}]}
@@ -50,3 +53,28 @@ def test_upstream_sees_a_client_leave_within_1_5_s(
     assert state["disconnects"] == 1 and state["kv_used_blocks"] == 0
     (record,) = sim_upstream.chat_requests()
     assert record["disconnected"] is True
+
+
+async def test_app_proxy_runs_the_app_in_process_against_the_sim(
+    app_proxy: StartApp, sim_upstream: SimUpstream
+) -> None:
+    proxy = await app_proxy(tokenizer="approx")
+    # The lifespan ran: the services are built and the upstream answers.
+    assert (await proxy.client.get("/readyz")).status_code == 200
+    answer = await proxy.client.post(CHAT, json=BODY)
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["x-trimproxy-prompt-tokens"].isdigit()
+    (record,) = sim_upstream.chat_requests()
+    assert record["json"] == BODY
+    text = await proxy.metrics_text()
+    assert 'trimproxy_requests_total{code="200",route="/v1/chat/completions"} 1.0' in text
+
+
+def test_the_sim_runs_in_a_thread_or_as_a_process(
+    sim_upstream: SimUpstream, sim_process: SimUpstream
+) -> None:
+    for sim in (sim_upstream, sim_process):
+        assert httpx.get(sim.url + "/health", timeout=10).status_code == 200
+    assert sim_process.process.poll() is None
+    with pytest.raises(AttributeError):
+        _ = sim_upstream.process  # a thread of this process has no child of its own

@@ -1,6 +1,6 @@
 """The simulated upstream itself: wire shapes of both dialects, KV accounting,
 disconnects, recording and knobs. Most tests run the sim in-process on a real
-socket; the last ones go through the subprocess fixtures of ``tests/conftest.py``."""
+socket; the last ones go through the fixtures of ``tests/conftest.py``."""
 
 from __future__ import annotations
 
@@ -584,7 +584,7 @@ def _cpu_seconds(pid: int) -> float:
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs /proc")
-def test_sim_is_cheap_per_request(sim_upstream: Any) -> None:
+def test_sim_is_cheap_per_request(sim_process: Any) -> None:
     """A 20-message ~2k-token non-stream answer costs well under 0.5 ms of sim CPU
     (about 0.2 ms on the 2-core dev box); the bound here leaves room for slow CI."""
     import httpx
@@ -593,9 +593,9 @@ def test_sim_is_cheap_per_request(sim_upstream: Any) -> None:
     n = 400
     with httpx.Client() as client:
         for _ in range(50):  # warm up
-            client.post(sim_upstream.url + CHAT, content=body)
-        before = _cpu_seconds(sim_upstream.process.pid)
+            client.post(sim_process.url + CHAT, content=body)
+        before = _cpu_seconds(sim_process.process.pid)
         for _ in range(n):
-            client.post(sim_upstream.url + CHAT, content=body)
-        per_request = (_cpu_seconds(sim_upstream.process.pid) - before) / n
+            client.post(sim_process.url + CHAT, content=body)
+        per_request = (_cpu_seconds(sim_process.process.pid) - before) / n
     assert per_request < 0.001, f"{per_request * 1e3:.3f} ms CPU per request"

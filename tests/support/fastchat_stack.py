@@ -13,7 +13,6 @@ every FastChat process.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import fcntl
 import hashlib
@@ -21,29 +20,32 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from tests.support.tiny_model import MODEL_NAME, build_model, cache_root
+from tests.support.processes import (
+    StackError,
+    free_port,
+    http_json,
+    start_process,
+    stop_process_group,
+    tail,
+    wait_for_http,
+)
+from tests.support.tiny_model import MODEL_NAME, ModelShape, build_model, cache_root
 
 __all__ = [
     "FASTCHAT_PINS",
     "FastChatStack",
     "StackError",
     "ensure_fastchat_env",
-    "free_port",
-    "stop_process_group",
-    "wait_for_http",
 ]
 
 TORCH_PIN = "torch==2.13.0"
@@ -77,10 +79,6 @@ FASTCHAT_PINS: tuple[str, ...] = (
     "nh3==0.3.8",
 )
 _MARKER = "trimproxy-pins.txt"
-
-
-class StackError(RuntimeError):
-    """The FastChat stack could not be built or did not become ready."""
 
 
 # --------------------------------------------------------------------------- venv
@@ -157,122 +155,6 @@ def fastchat_python() -> Path:
     return ensure_fastchat_env() / "bin" / "python"
 
 
-# --------------------------------------------------------------------------- processes
-
-
-def free_port() -> int:
-    """A currently free TCP port on 127.0.0.1 (the OS picks; the race is acceptable)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def stop_process_group(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:
-    """SIGTERM the process's group (it was started with its own session), then SIGKILL.
-
-    FastChat's uvicorn servers spawn no children here, but a process group kill also
-    covers any helper thread/process a library starts.
-    """
-    if proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=grace)
-
-
-def http_json(method: str, url: str, body: Any = None, timeout: float = 10.0) -> tuple[int, Any]:
-    """One JSON request with the standard library (the caller's venv may have no httpx).
-
-    Returns (status, decoded body); HTTP errors are returned, not raised.
-    """
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(
-        url, data=data, method=method, headers={"Content-Type": "application/json"}
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status, json.loads(response.read() or b"null")
-    except urllib.error.HTTPError as error:
-        raw = error.read()
-        try:
-            return error.code, json.loads(raw)
-        except ValueError:
-            return error.code, raw.decode(errors="replace")
-
-
-def wait_for_http(
-    url: str,
-    *,
-    timeout: float,
-    procs: Sequence[tuple[str, subprocess.Popen[bytes], Path]] = (),
-    accept: Any = None,
-) -> Any:
-    """Poll GET ``url`` until it answers 200 (and ``accept(body)`` holds).
-
-    Fails fast with the log tail when one of ``procs`` exits meanwhile.
-    """
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while time.monotonic() < deadline:
-        for name, proc, log in procs:
-            if proc.poll() is not None:
-                raise StackError(
-                    f"{name} exited with {proc.returncode} while waiting for {url}:\n" + _tail(log)
-                )
-        try:
-            status, body = http_json("GET", url, timeout=2.0)
-        except (OSError, ValueError) as error:
-            last = error
-        else:
-            last = (status, body)
-            if status == 200 and (accept is None or accept(body)):
-                return body
-        time.sleep(0.2)
-    logs = "".join(f"\n--- {name} ({log}) ---\n{_tail(log)}" for name, _, log in procs)
-    raise StackError(f"{url} not ready after {timeout:.0f}s (last: {last!r}){logs}")
-
-
-def _tail(log: Path, size: int = 4000) -> str:
-    try:
-        return log.read_text(errors="replace")[-size:]
-    except OSError:
-        return "<no log>"
-
-
-_LIVE: set[subprocess.Popen[bytes]] = set()
-
-
-@atexit.register
-def _kill_leftovers() -> None:
-    # A safety net for an interpreter that exits without running context managers'
-    # exits (e.g. a second Ctrl-C during teardown): never leave FastChat running.
-    for proc in list(_LIVE):
-        stop_process_group(proc, grace=2.0)
-
-
-def start_process(
-    name: str, argv: Sequence[str], *, log: Path, env: dict[str, str], cwd: Path
-) -> subprocess.Popen[bytes]:
-    """Start ``argv`` in its own session (so its group can be killed), output to ``log``."""
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            list(argv),
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=cwd,
-            start_new_session=True,
-        )
-    _LIVE.add(proc)
-    return proc
-
-
 # --------------------------------------------------------------------------- the stack
 
 
@@ -299,6 +181,8 @@ class FastChatStack:
     startup_timeout: float = 180.0
     #: FastChat's per-worker concurrency limit (its semaphore; default 5 upstream).
     worker_concurrency: int = 5
+    #: The tiny model's architecture (None: ``tiny_model.FASTCHAT_SHAPE``).
+    shape: ModelShape | None = None
     timings: StartupTimings = field(default_factory=StartupTimings)
     controller_port: int = 0
     worker_port: int = 0
@@ -363,7 +247,9 @@ class FastChatStack:
         self.workdir.mkdir(parents=True, exist_ok=True)
 
         began = time.monotonic()
-        self.model_dir = build_model(self.workdir / self.model_name, python=python)
+        self.model_dir = build_model(
+            self.workdir / self.model_name, python=python, shape=self.shape
+        )
         self.timings.model = time.monotonic() - began
 
         began = time.monotonic()
@@ -496,7 +382,6 @@ class FastChatStack:
             proc = self.procs.get(name)
             if proc is not None:
                 stop_process_group(proc)
-                _LIVE.discard(proc)
         if (
             self._own_workdir
             and self.workdir is not None
@@ -522,7 +407,7 @@ class FastChatStack:
         return (int(fields[11]) + int(fields[12])) / ticks
 
     def log_tails(self, size: int = 3000) -> str:
-        return "".join(f"\n--- {name} ---\n{_tail(path, size)}" for name, path in self.logs.items())
+        return "".join(f"\n--- {name} ---\n{tail(path, size)}" for name, path in self.logs.items())
 
     def iter_logs(self) -> Iterator[tuple[str, Path]]:
         yield from self.logs.items()

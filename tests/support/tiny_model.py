@@ -10,12 +10,14 @@ Two builders:
   string FastChat 0.2.36 builds with ``--conv-template qwen-7b-chat`` (see
   ``FASTCHAT_TEMPLATE_NOTES``), so a counter that applies this template counts exactly
   FastChat's ``usage.prompt_tokens``.
-* ``build_model(dest)`` adds a randomly initialised tiny ``LlamaForCausalLM`` (config +
-  safetensors weights). torch lives only in the FastChat venv, so the weights are
-  written by a subprocess running that venv's python.
+* ``build_model(dest, python=None, shape=None)`` adds a randomly initialised tiny
+  ``LlamaForCausalLM`` (config + safetensors weights) of the given ``ModelShape``
+  (``FASTCHAT_SHAPE`` when none is given). torch lives only in the FastChat and vLLM
+  venvs, so the weights are written by a subprocess running that venv's python.
 
 Both are cached under ``<repo>/.cache/tiny-model/<key>/`` where the key hashes this
-file's source (and the library versions that shape the output), so reruns are instant
+file's source (and the library versions and the model shape that shape the output), so
+reruns are instant
 and any change to the builders rebuilds. Results are deterministic: a fixed corpus, a
 fixed seed.
 """
@@ -31,17 +33,21 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 __all__ = [
     "CHAT_TEMPLATE",
     "DEFAULT_SYSTEM_MESSAGE",
+    "FASTCHAT_SHAPE",
     "MAX_POSITIONS",
     "MODEL_NAME",
     "SPECIAL_TOKENS",
+    "ModelShape",
     "build_model",
     "build_tokenizer",
     "cache_root",
+    "cached_model",
     "render_fastchat_prompt",
 ]
 
@@ -325,50 +331,151 @@ def build_tokenizer(dest: Path) -> Path:
 
 # --------------------------------------------------------------------------- model
 
-# Runs inside the FastChat venv (torch + transformers 4.x). argv: dest, vocab size,
-# max positions, special token ids (endoftext, im_start, im_end).
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The architecture of a tiny random ``LlamaForCausalLM``; the vocabulary is the tokenizer's.
+
+    The defaults are the vLLM stack's model: vLLM's CPU attention backend rejects
+    head_dim 16, and one KV head (GQA 2:1) keeps the KV cache small per token
+    (``2 * layers * kv_heads * head_dim * 2`` bytes in bf16 = 512 B). ``hidden`` need not
+    equal ``heads * head_dim``: Llama projects to ``heads * head_dim`` and back.
+    """
+
+    layers: int = 2
+    hidden: int = 128
+    heads: int = 2
+    kv_heads: int = 1
+    head_dim: int = 64
+    intermediate: int = 256
+    max_position: int = 4096
+    #: A ``torch`` dtype name: "bfloat16", "float16" or "float32".
+    dtype: str = "bfloat16"
+
+    def __post_init__(self) -> None:
+        if self.heads % self.kv_heads:
+            raise ValueError(
+                f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})"
+            )
+        if self.dtype not in ("bfloat16", "float16", "float32"):
+            raise ValueError(f"dtype must be bfloat16, float16 or float32, not {self.dtype!r}")
+
+    def key(self) -> str:
+        """A short, readable name for the cache directory."""
+        return (
+            f"l{self.layers}-h{self.hidden}-a{self.heads}-kv{self.kv_heads}-d{self.head_dim}"
+            f"-i{self.intermediate}-p{self.max_position}-{self.dtype}"
+        )
+
+
+#: The FastChat stack's model (what ``build_model`` builds when no shape is given):
+#: transformers on CPU runs any head_dim, and float32 is what FastChat's CPU path loads.
+FASTCHAT_SHAPE = ModelShape(
+    layers=2,
+    hidden=64,
+    heads=4,
+    kv_heads=4,
+    head_dim=16,
+    intermediate=128,
+    max_position=MAX_POSITIONS,
+    dtype="float32",
+)
+
+# Runs inside the FastChat or vLLM venv (torch + transformers 4.x or 5.x). argv: dest,
+# vocab size, the shape as JSON, special token ids (endoftext, im_start, im_end).
 _MODEL_SCRIPT = r"""
+import json
 import sys
 import torch
+import transformers
 from transformers import LlamaConfig, LlamaForCausalLM
 
-dest, vocab, positions = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+dest, vocab, shape = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
 pad_id, bos_id, eos_id = (int(x) for x in sys.argv[4:7])
+# transformers 5 renamed the config's torch_dtype to dtype.
+dtype_key = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
 torch.manual_seed(0)
 config = LlamaConfig(
     vocab_size=vocab,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=4,
-    max_position_embeddings=positions,
+    hidden_size=shape["hidden"],
+    intermediate_size=shape["intermediate"],
+    num_hidden_layers=shape["layers"],
+    num_attention_heads=shape["heads"],
+    num_key_value_heads=shape["kv_heads"],
+    head_dim=shape["head_dim"],
+    max_position_embeddings=shape["max_position"],
     rms_norm_eps=1e-6,
     tie_word_embeddings=True,
     pad_token_id=pad_id,
     bos_token_id=bos_id,
     eos_token_id=eos_id,
-    torch_dtype="float32",
+    **{dtype_key: shape["dtype"]},
 )
-model = LlamaForCausalLM(config)
+model = LlamaForCausalLM(config).to(getattr(torch, shape["dtype"]))
 model.eval()
 model.save_pretrained(dest, safe_serialization=True)
 """
 
 
-def _model_cache_dir(python: Path) -> Path:
-    # The FastChat venv's pin marker (written by fastchat_stack.ensure_fastchat_env)
-    # names the torch/transformers that wrote the weights.
+def _model_cache_dir(python: Path, shape: ModelShape) -> Path:
+    # The venv's pin marker (written by ensure_fastchat_env / ensure_vllm_env) names the
+    # torch/transformers that wrote the weights.
     marker = python.parent.parent / "trimproxy-pins.txt"
     pins = marker.read_text() if marker.is_file() else str(python)
-    return _tokenizer_cache_dir().parent / _source_key("model", pins, _tokenizer_cache_dir().name)
+    key = _source_key("model", pins, _tokenizer_cache_dir().name, json.dumps(asdict(shape)))
+    return _tokenizer_cache_dir().parent / f"{key}-{shape.key()}"
 
 
-def build_model(dest: Path, python: Path | None = None) -> Path:
+def cached_model(python: Path, shape: ModelShape | None = None) -> Path:
+    """Build (once per shape and venv) and return the cached model folder itself.
+
+    For servers that only read the folder (vLLM): no copy per caller. Callers must not
+    write into it.
+    """
+    shape = FASTCHAT_SHAPE if shape is None else shape
+    cached = _model_cache_dir(python, shape) / MODEL_NAME
+    if (cached / "config.json").is_file():
+        return cached
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    build_dir = Path(tempfile.mkdtemp(prefix="model.", dir=cached.parent))
+    build_tokenizer(build_dir)
+    # The tokenizer's own limit follows the model's window, so that transformers does
+    # not warn about prompts the model accepts.
+    config_path = build_dir / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["model_max_length"] = shape.max_position
+    config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+    vocab = json.loads((build_dir / "tokenizer.json").read_text())
+    size = len(vocab["model"]["vocab"])
+    ids = {tok["content"]: tok["id"] for tok in vocab["added_tokens"]}
+    special_ids = [str(ids[token]) for token in SPECIAL_TOKENS]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    for key in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME"):
+        # The caller's venv must not leak into the other venv's interpreter.
+        env.pop(key, None)
+    subprocess.run(
+        [
+            str(python),
+            "-c",
+            _MODEL_SCRIPT,
+            str(build_dir),
+            str(size),
+            json.dumps(asdict(shape)),
+            *special_ids,
+        ],
+        check=True,
+        env=env,
+    )
+    _publish(build_dir, cached)
+    return cached
+
+
+def build_model(dest: Path, python: Path | None = None, shape: ModelShape | None = None) -> Path:
     """Write the tiny model (tokenizer, config, safetensors weights) into ``dest``.
 
     ``python`` is an interpreter with torch and transformers; by default the FastChat
-    venv (built on demand). Returns ``dest``. Do not name ``dest`` with "qwen" or any
+    venv (built on demand). ``shape`` defaults to ``FASTCHAT_SHAPE``; each shape is
+    cached on its own. Returns ``dest``. Do not name ``dest`` with "qwen" or any
     other model family FastChat matches by name.
     """
     if python is None:
@@ -376,31 +483,7 @@ def build_model(dest: Path, python: Path | None = None) -> Path:
 
         python = ensure_fastchat_env() / "bin" / "python"
     dest = Path(dest)
-    cached = _model_cache_dir(python) / MODEL_NAME
-    if not (cached / "config.json").is_file():
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        build_dir = Path(tempfile.mkdtemp(prefix="model.", dir=cached.parent))
-        build_tokenizer(build_dir)
-        vocab = json.loads((build_dir / "tokenizer.json").read_text())
-        size = len(vocab["model"]["vocab"])
-        ids = {tok["content"]: tok["id"] for tok in vocab["added_tokens"]}
-        special_ids = [str(ids[token]) for token in SPECIAL_TOKENS]
-        env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-        subprocess.run(
-            [
-                str(python),
-                "-c",
-                _MODEL_SCRIPT,
-                str(build_dir),
-                str(size),
-                str(MAX_POSITIONS),
-                *special_ids,
-            ],
-            check=True,
-            env=env,
-        )
-        _publish(build_dir, cached)
-    _copy_files(cached, dest)
+    _copy_files(cached_model(python, shape), dest)
     return dest
 
 

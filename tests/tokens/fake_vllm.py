@@ -1,6 +1,6 @@
 """A small HTTP server on 127.0.0.1 that answers like vLLM's OpenAI server:
 ``GET /v1/models`` and ``POST /tokenize`` (chat form), counting with a real HF
-tokenizer. Messages are normalised as vLLM does (``proxy.tokens.normalize``, tested on
+tokenizer. Messages are normalised as vLLM does (``proxy.tokens.hf.normalize``, tested on
 its own) before the chat template renders them."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from proxy.tokens.normalize import to_conversation
+from proxy.tokens.hf.normalize import to_conversation
 
 MAX_MODEL_LEN = 2048
 

@@ -15,7 +15,7 @@ class NetworkUsed(Exception):
 def forbid_network(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     attempts: list[Any] = []
 
-    def connect(self: socket.socket, address: Any) -> None:
+    def connect(self: socket.socket | None, address: Any) -> None:
         attempts.append(address)
         raise NetworkUsed(f"network access to {address!r}")
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from proxy.tokens.hf import HFCounter
-from proxy.tokens.normalize import to_conversation
+from proxy.tokens.hf.normalize import to_conversation
 from tests.tokens.conversations import TOOLS, conversations, growing_chat
 
 TINY_TEMPLATES = ["tools_default_system", "think_strip", "sliced_system", "content_parts"]
@@ -139,7 +139,7 @@ def test_vllm_normalisation_is_what_gets_counted(
     template_dir: Callable[[str], Path], hf_counter: Callable[[Path], HFCounter]
 ) -> None:
     counter = hf_counter(template_dir("tools_default_system"))
-    sent = [
+    sent: list[dict[str, Any]] = [
         {
             "role": "user",
             "content": [{"type": "text", "text": "one"}, {"type": "text", "text": "two"}],

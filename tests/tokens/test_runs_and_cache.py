@@ -13,9 +13,9 @@ import pytest
 from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers, trainers
 
 from proxy.tokens.cache import ByteLRU
-from proxy.tokens.hf import _added_tokens, _anchor
-from proxy.tokens.runs import RunCounter
-from proxy.tokens.splitter import AddedTokenSplitter
+from proxy.tokens.hf.added_tokens import AddedTokenSplitter
+from proxy.tokens.hf.counter import _added_tokens, _anchor
+from proxy.tokens.hf.runs import RunCounter
 
 CORPUS = [
     "the quick brown fox jumps over the lazy dog",
@@ -89,7 +89,7 @@ def test_splitter_prefers_the_longest_token() -> None:
 
 
 def _tok(content: str) -> Any:
-    from proxy.tokens.splitter import AddedToken as Spec
+    from proxy.tokens.hf.added_tokens import AddedToken as Spec
 
     return Spec(content)
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from proxy.tokens.normalize import detect_content_format, to_conversation
+from proxy.tokens.hf.normalize import detect_content_format, to_conversation
 from tests.tokens.templates import TEMPLATES
 
 
@@ -54,14 +56,15 @@ def test_openai_format_keeps_typed_parts_but_tool_text_is_joined() -> None:
 
 
 def test_tool_call_arguments_are_parsed_and_the_request_is_untouched() -> None:
-    calls = [
+    calls: list[dict[str, Any]] = [
         {"id": "a", "type": "function", "function": {"name": "f", "arguments": '{"x": [1, 2]}'}},
         {"id": "b", "type": "function", "function": {"name": "g", "arguments": "not json"}},
         {"id": "c", "type": "function", "function": {"name": "h", "arguments": None}},
     ]
     message = {"role": "assistant", "content": "ok", "tool_calls": calls, "extra": 1}
     conv, _ = to_conversation([message], "string")
-    args = [c["function"]["arguments"] for c in conv[0]["tool_calls"]]
+    tool_calls: list[dict[str, Any]] = conv[0]["tool_calls"]
+    args = [c["function"]["arguments"] for c in tool_calls]
     assert args == [{"x": [1, 2]}, {}, {}]
     assert "extra" not in conv[0]  # fields vLLM drops are dropped
     assert calls[0]["function"]["arguments"] == '{"x": [1, 2]}'

@@ -1,0 +1,95 @@
+"""The engine's KV capacity: from the setting, or read off vLLM's ``/metrics``.
+
+vLLM publishes its cache configuration as an info gauge whose labels carry the
+figures, one series per engine (data-parallel ranks each have their own cache)::
+
+    vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="2043",...} 1.0
+
+Newer releases may carry ``kv_cache_size_tokens`` directly; otherwise the capacity is
+``num_gpu_blocks * block_size``. Engines are summed: the proxy's ledger stands for the
+whole upstream behind one URL. The block size comes along so that reservations can be
+rounded up to whole blocks, the unit vLLM allocates in.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+CACHE_CONFIG_INFO = "vllm:cache_config_info"
+
+_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    tokens: int
+    """The tokens the ledger may hand out (the engine's capacity times the fraction)."""
+    block_size: int = 1
+    """Reservations are rounded up to a multiple of this (vLLM's paged blocks)."""
+
+    def charge(self, tokens: int) -> int:
+        """What a request of ``tokens`` costs: whole blocks, at most the whole capacity.
+
+        A request larger than the capacity is charged all of it, so it runs alone
+        (see docs/admission.md) and ``reserved ≤ capacity`` holds at all times.
+        """
+        rounded = -(-max(tokens, 0) // self.block_size) * self.block_size
+        return min(rounded, self.tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineCache:
+    """What the engine reports: KV tokens over all its engines, and the block size."""
+
+    tokens: int
+    block_size: int
+
+
+def parse_cache_config(text: str) -> EngineCache | None:
+    """The engine's KV-cache size from a ``/metrics`` body; None when it says nothing.
+
+    A line scan rather than the Prometheus parser: the info gauge's labels are what
+    is wanted, and the body can be hundreds of KB of histograms.
+    """
+    total = 0
+    block = 0
+    found = False
+    prefix = CACHE_CONFIG_INFO + "{"
+    for line in text.splitlines():
+        if not line.startswith(prefix):
+            continue
+        labels = dict(_LABEL.findall(line[len(prefix) : line.rfind("}")]))
+        size = _positive_int(labels.get("block_size"))
+        tokens = _positive_int(labels.get("kv_cache_size_tokens"))
+        if tokens is None:
+            blocks = _positive_int(labels.get("num_gpu_blocks"))
+            if blocks is None or size is None:
+                continue
+            tokens = blocks * size
+        total += tokens
+        block = max(block, size or 1)
+        found = True
+    return EngineCache(total, block) if found else None
+
+
+def _positive_int(value: str | None) -> int | None:
+    """``"2043"`` → 2043; vLLM writes unset figures as ``None``, and floats as ``2043.0``."""
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    if not math.isfinite(number) or number < 1:
+        return None
+    return int(number)
+
+
+def scaled(engine_tokens: int, fraction: float, block_size: int = 1) -> Capacity:
+    """The ledger's capacity: the engine's tokens times the fraction, whole blocks."""
+    tokens = math.floor(engine_tokens * fraction)
+    if block_size > 1:
+        tokens -= tokens % block_size
+    return Capacity(max(tokens, block_size), block_size)

@@ -1,0 +1,144 @@
+"""The admit step of the chat route: reserve, or answer 429; and the capacity's source.
+
+``KvAdmission`` wraps a ledger with what the route needs: the timeout, the metrics,
+the error a person can act on, and the capacity — fixed from the setting, or (``auto``)
+taken from each scrape of the upstream's ``/metrics`` (``observe_engine``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from typing import Literal
+
+from proxy.admission.capacity import Capacity, EngineCache, scaled
+from proxy.admission.ledger import AdmissionTimeout, Ledger, LedgerUnavailable, Reservation
+from proxy.errors import ClientClosedRequest, Overloaded, SessionStoreUnavailable
+from proxy.metrics import Metrics
+from proxy.relay import CancelOnDisconnect
+
+log = logging.getLogger("trimproxy.admission")
+
+WAIT_HEADER = "x-trimproxy-admission-wait-ms"
+
+_SETTINGS = "TRIMPROXY_KV_ADMISSION, TRIMPROXY_KV_ADMISSION_FRACTION, TRIMPROXY_ADMISSION_TIMEOUT"
+
+
+class KvAdmission:
+    def __init__(
+        self,
+        ledger: Ledger,
+        metrics: Metrics,
+        *,
+        mode: Literal["auto", "fixed"],
+        fraction: float,
+        timeout: float,
+        fixed_tokens: int | None = None,
+    ) -> None:
+        self.ledger = ledger
+        self.metrics = metrics
+        self.mode = mode
+        self.fraction = fraction
+        self.timeout = timeout
+        self._said_missing = False
+        self._rejected = {
+            reason: metrics.admission_rejected.labels(reason)
+            for reason in ("timeout", "store_unavailable", "client_closed")
+        }
+        if fixed_tokens is not None:
+            self._set(scaled(fixed_tokens, fraction))
+
+    @property
+    def capacity(self) -> Capacity | None:
+        return self.ledger.capacity
+
+    def observe_engine(self, cache: EngineCache | None) -> None:
+        """A scrape's figures (``auto``); None when the upstream published none."""
+        if self.mode != "auto":
+            return
+        if cache is None:
+            if self.ledger.capacity is None and not self._said_missing:
+                self._said_missing = True
+                log.warning(
+                    "TRIMPROXY_KV_ADMISSION=auto, but the upstream's /metrics has no "
+                    "vllm:cache_config_info (FastChat publishes none): admission stays off "
+                    "until it does; set TRIMPROXY_KV_ADMISSION to a number of tokens instead"
+                )
+            return  # keep the last capacity seen: a failed scrape changes no engine
+        capacity = scaled(cache.tokens, self.fraction, cache.block_size)
+        if capacity != self.ledger.capacity:
+            log.info(
+                "KV admission: %d tokens (engine %d tokens in blocks of %d, fraction %g)",
+                capacity.tokens,
+                cache.tokens,
+                cache.block_size,
+                self.fraction,
+            )
+            self._set(capacity)
+
+    def _set(self, capacity: Capacity) -> None:
+        self.ledger.set_capacity(capacity)
+        self.metrics.kv_capacity.set(capacity.tokens)
+
+    async def admit(self, tokens: int) -> Reservation:
+        """Reserve ``tokens`` (prompt + completion reserve); 429 after the timeout.
+
+        The caller releases the reservation when the answer ends however it ends; a
+        cancelled wait (the client left) leaves the line on its own.
+        """
+        try:
+            reservation = await self.ledger.reserve(tokens, self.timeout)
+        except AdmissionTimeout as exc:
+            self._rejected["timeout"].inc()
+            self.metrics.admission_wait.observe(self.timeout)
+            raise self._overloaded(tokens, exc) from None
+        except LedgerUnavailable as exc:
+            self._rejected["store_unavailable"].inc()
+            raise SessionStoreUnavailable(
+                f"The KV admission ledger ({exc.target}) is unavailable, and this proxy "
+                "refuses requests it cannot admit (TRIMPROXY_SESSION_STORE_FAILURE=closed). "
+                "Retry in a few seconds.",
+                headers={"retry-after": "1"},
+            ) from None
+        except BaseException:
+            self._rejected["client_closed"].inc()
+            raise
+        self.metrics.admission_wait.observe(reservation.waited)
+        if reservation.charge:
+            gauge = self.metrics.kv_reserved
+            gauge.inc(reservation.charge)
+            charge = reservation.charge
+            reservation.then(lambda: gauge.dec(charge))
+        return reservation
+
+    async def admit_while_connected(
+        self, tokens: int, client_gone: asyncio.Future[None]
+    ) -> Reservation:
+        """``admit``, given up (499, nothing held) when the client leaves while waiting."""
+        with CancelOnDisconnect(client_gone) as watch:
+            return await self.admit(tokens)
+        assert watch.fired  # only a disconnect ends the block without a return
+        raise ClientClosedRequest("The client closed the connection while waiting for KV room.")
+
+    def _overloaded(self, tokens: int, exc: AdmissionTimeout) -> Overloaded:
+        capacity = self.ledger.capacity
+        total = capacity.tokens if capacity else 0
+        retry = max(1, min(60, math.ceil(self.timeout)))
+        return Overloaded(
+            f"The engine's KV cache had no room for this request's {tokens} tokens within "
+            f"{self.timeout:g} s: {exc.reserved} of {total} tokens are reserved by answers in "
+            f"progress, and {exc.waiting} request(s) wait in line. Retry after {retry} s. "
+            f"Operators: see {_SETTINGS}.",
+            headers={"retry-after": str(retry)},
+        )
+
+    async def aclose(self) -> None:
+        await self.ledger.aclose()
+
+
+def wait_header(reservation: Reservation) -> dict[str, str]:
+    """``X-Trimproxy-Admission-Wait-Ms`` for an answer that waited in line."""
+    if reservation.waited <= 0:
+        return {}
+    return {WAIT_HEADER: str(max(1, round(reservation.waited * 1000)))}

@@ -1,0 +1,209 @@
+"""The *prepare* step of the chat route: session, budget, count, trim, and the facts.
+
+``prepare`` takes a parsed chat request and the services and decides what goes
+upstream: the body bytes (the client's own when nothing was dropped), the counted
+tokens, what was dropped and why, and the response headers. It records the
+request's metrics and log facts as it goes, so a request refused half-way (a
+session limit, a prompt that cannot fit) still logs what was known by then. No
+HTTP is spoken here: tests call it directly with an in-memory counter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from starlette.requests import Request
+
+from proxy.chat import ChatRequest, with_messages
+from proxy.dependencies import Services
+from proxy.errors import ContextLengthExceeded, InvalidRequest, ProxyError
+from proxy.floor import max_token_chars, prompt_floor
+from proxy.logs import RequestFacts
+from proxy.sessions.gate import SESSION_ID
+from proxy.trimming import TrimPolicy, TrimResult, trim
+from proxy.types import PromptCount
+
+#: Response header: the prompt tokens forwarded.
+PROMPT_TOKENS = "x-trimproxy-prompt-tokens"
+#: Response header: how many messages were dropped.
+TRIMMED_MESSAGES = "x-trimproxy-trimmed-messages"
+# Rounds of recount-and-tighten before giving up on a non-additive counter.
+_RECOUNTS = 4
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """What to send upstream, and what the answer and the log say about it."""
+
+    body: bytes
+    """The body to forward: the client's bytes unchanged when nothing was dropped."""
+    received_tokens: int
+    forwarded_tokens: int
+    dropped: int
+    """Messages dropped by trimming (not those before a session's reset point)."""
+    trim_reason: str | None
+    """``budget``, ``max_turns`` or ``session`` when something was dropped."""
+    budget: int | None
+    headers: dict[str, str]
+    """Response headers for the client: token counts and the session's headers."""
+    session_id: str | None
+
+
+async def budget_for(svc: Services, chat: ChatRequest) -> int | None:
+    """``min(max_prompt_tokens, context_window - reserve - 1)``; None when unbounded.
+
+    The one token of slack is FastChat's: its worker keeps only
+    ``context - max_new_tokens - 1`` prompt tokens and silently drops the first one
+    of a prompt that fills the rest exactly. vLLM loses nothing by it.
+    """
+    settings = svc.settings
+    reserve = chat.max_tokens or settings.default_completion_reserve
+    window = settings.context_window
+    if window is None and chat.model is not None:
+        window = await svc.windows.get(chat.model)
+    limits = [settings.max_prompt_tokens] if settings.max_prompt_tokens else []
+    if window is not None:
+        room = window - reserve - 1
+        if room < 1:
+            raise ContextLengthExceeded(
+                f"max_tokens of {reserve} leaves no room for a prompt in the model's "
+                f"context window of {window} tokens. Ask for fewer completion tokens.",
+                param="max_tokens" if chat.max_tokens else None,
+            )
+        limits.append(room)
+    return min(limits) if limits else None
+
+
+async def trim_within_budget(
+    svc: Services, chat: ChatRequest, count: PromptCount, policy: TrimPolicy, history_start: int
+) -> tuple[TrimResult, int]:
+    """Trim, and prove the result fits: returns the result and the forwarded count.
+
+    A counter whose per-message split is not additive for every subset (the chat
+    template renders a message differently by position) gets the kept list recounted;
+    when that is over the budget, the budget is tightened by the excess and trimmed
+    again, so the budget is a guarantee, not an estimate.
+    """
+    result = trim(chat.messages, count, policy, history_start=history_start)
+    if svc.counter.additive or len(result.kept) == len(chat.messages) or policy.budget is None:
+        return result, result.tokens
+    budget = policy.budget
+    tightened = policy
+    for _ in range(_RECOUNTS):
+        kept = [chat.messages[i] for i in result.kept]
+        actual = (await svc.counter.count(kept, tools=chat.tools, model=chat.model)).total
+        if actual <= budget:
+            return result, actual
+        tightened = replace(
+            tightened, budget=(tightened.budget or budget) - (actual - result.tokens)
+        )
+        try:
+            result = trim(chat.messages, count, tightened, history_start=history_start)
+        except ContextLengthExceeded as exc:
+            raise ContextLengthExceeded(
+                f"This conversation needs {actual} prompt tokens even after trimming, but the "
+                f"budget is {budget} tokens. Shorten the last message or the system prompt.",
+                param="messages",
+            ) from exc
+    raise ContextLengthExceeded(
+        f"The prompt could not be brought under the budget of {budget} tokens.", param="messages"
+    )
+
+
+async def refuse_if_surely_too_long(
+    svc: Services, chat: ChatRequest, budget: int, body_bytes: int
+) -> None:
+    """400 before counting when the cheap floor (``proxy.floor``) is over the budget."""
+    longest = max_token_chars(svc.counter)
+    # The floor counts characters of the body's text, never more than its bytes: a
+    # body that small cannot be over, and most are, so they skip the scan (~10 us).
+    if longest is None or body_bytes // longest <= budget:
+        return
+    floor = prompt_floor(chat.messages, longest)
+    if floor <= budget:
+        return
+    window = svc.settings.context_window
+    if window is None and chat.model is not None:
+        window = await svc.windows.get(chat.model)
+    limit = (
+        f"This model's maximum context length is {window} tokens"
+        if window
+        else "The prompt budget is set by TRIMPROXY_MAX_PROMPT_TOKENS"
+    )
+    raise ContextLengthExceeded(
+        f"{limit}, which leaves {budget} prompt tokens after the completion reserve. The "
+        f"system messages and the last user turn alone need at least {floor} tokens, so "
+        "the request cannot be served even after trimming. Shorten the last message.",
+        param="messages",
+    )
+
+
+async def prepare(
+    chat: ChatRequest, raw: bytes, request: Request, svc: Services, facts: RequestFacts
+) -> Prepared:
+    """Session, budget, count, trim: what to forward for ``chat`` (read from ``raw``).
+
+    ``request`` is only read for its headers (the session's identity); ``facts`` is
+    this request's access-log record, filled in as the facts become known.
+    """
+    settings = svc.settings
+    metrics = svc.metrics
+    facts.model = chat.model
+
+    history_start = 0
+    headers: dict[str, str] = {}
+    if svc.sessions is not None:
+        try:
+            admission = await svc.sessions.admit(request, chat)
+        except ProxyError as exc:  # a rejection still names its session
+            facts.session_id = exc.headers.get(SESSION_ID)
+            raise
+        history_start = admission.history_start
+        headers.update(admission.headers)
+        facts.session_id = admission.headers.get(SESSION_ID)
+
+    if chat.model is not None and len(chat.model) > settings.max_model_name_length:
+        raise InvalidRequest(
+            f"'model' is {len(chat.model)} characters long; this proxy accepts names of "
+            f"at most {settings.max_model_name_length} (TRIMPROXY_MAX_MODEL_NAME_LENGTH). "
+            "Use a model name from GET /v1/models.",
+            param="model",
+        )
+    budget = await budget_for(svc, chat)
+    if budget is not None:
+        await refuse_if_surely_too_long(svc, chat, budget, len(raw))
+    count = await svc.counter.count(chat.messages, tools=chat.tools, model=chat.model)
+    metrics.prompt_received.observe(count.total)
+    facts.prompt_tokens_received = count.total
+    policy = TrimPolicy(
+        budget=budget,
+        target=settings.trim_target,
+        max_history_turns=settings.max_history_turns,
+        pin_first_user=settings.pin_first_user,
+    )
+    result, forwarded = await trim_within_budget(svc, chat, count, policy, history_start)
+    dropped = result.dropped(len(chat.messages))
+    reason: str | None = None
+    if dropped:
+        reason = result.reason or "budget"
+        body = with_messages(chat, [chat.messages[i] for i in result.kept])
+        metrics.trimmed_messages.inc(dropped)
+        metrics.trimmed_tokens.inc(max(0, count.total - forwarded))
+        metrics.trim_events.labels(reason).inc()
+    else:
+        body = raw  # nothing trimmed: the client's bytes, unchanged
+    metrics.prompt_forwarded.observe(forwarded)
+    facts.prompt_tokens_forwarded = forwarded
+    facts.messages_dropped = dropped
+    headers[PROMPT_TOKENS] = str(forwarded)
+    headers[TRIMMED_MESSAGES] = str(dropped)
+    return Prepared(
+        body=body,
+        received_tokens=count.total,
+        forwarded_tokens=forwarded,
+        dropped=dropped,
+        trim_reason=reason,
+        budget=budget,
+        headers=headers,
+        session_id=facts.session_id,
+    )

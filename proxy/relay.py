@@ -1,0 +1,285 @@
+"""Relaying an upstream answer to the client, and watching for the client to leave.
+
+``watch_disconnect`` starts watching when the request is forwarded
+(``routes.open_upstream``, right before ``Upstream.forward``), after the body has
+been read and prepared; a client that left while its prompt was counted is noticed
+at once then. From there on a disconnect cancels the wait for the answer's head,
+and ``Relay`` goes on watching while it pumps the body, closing the upstream
+connection at once when the client goes, which is what makes vLLM abort the
+request and free its KV blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from types import TracebackType
+from typing import Any
+
+import aiohttp
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from proxy.errors import (
+    ProxyError,
+    UpstreamProtocolError,
+    UpstreamTimeout,
+    upstream_error_kind,
+)
+
+log = logging.getLogger("trimproxy.upstream")
+
+# RFC 9110 section 7.6.1 hop-by-hop headers, plus the ones the proxy sets itself.
+HOP_BY_HOP = frozenset(
+    (
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    )
+)
+_RESPONSE_DROP = HOP_BY_HOP | {"content-length", "date", "server"}
+
+ErrorHook = Callable[[str], None]
+
+
+class RelayAborted(Exception):
+    """Raised out of the app when the upstream failed after the answer's head went out.
+
+    The only way an ASGI app can make the server break the connection off: the
+    client then sees an incomplete body (no last chunk, fewer bytes than declared)
+    instead of a clean end that looks like success. Not a ``ProxyError``: no error
+    answer can be sent any more. ``quiet_relay_aborts`` keeps uvicorn from logging
+    it as a crash; the relay logs one warning line of its own.
+    """
+
+
+class _DropRelayAborts(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, RelayAborted)
+
+
+def quiet_relay_aborts() -> None:
+    """Keep ``RelayAborted`` out of uvicorn's error log (idempotent)."""
+    logger = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, _DropRelayAborts) for f in logger.filters):
+        logger.addFilter(_DropRelayAborts())
+
+
+def _failure(exc: BaseException, upstream: aiohttp.ClientResponse) -> ProxyError:
+    """The error for an upstream that broke off mid-answer: timed out, or cut short."""
+    where = str(upstream.url.origin())
+    kind = upstream_error_kind(exc)
+    if kind == "timeout":
+        return UpstreamTimeout(
+            f"The upstream at {where} stopped sending its answer for longer than the read "
+            "timeout (TRIMPROXY_READ_TIMEOUT). Retry; if it keeps happening, the model "
+            "server is overloaded or stuck.",
+            kind=kind,
+        )
+    return UpstreamProtocolError(
+        f"The upstream at {where} was reached but answered something invalid (its answer "
+        "broke off before the end). Retry; if it keeps happening, check the model "
+        "server's logs.",
+        kind=kind,
+    )
+
+
+def sse_error_event(error: ProxyError) -> bytes:
+    """The final event of a stream the upstream broke off: OpenAI's error object, the
+    shape vLLM itself streams on a failure and the one the openai SDK raises on."""
+    return b"data: " + error.body() + b"\n\n"
+
+
+#: Called once the relay ends: whether the body went out whole, and the captured body.
+EndHook = Callable[[bool, bytes | None], None]
+
+
+def response_headers(
+    headers: Mapping[str, str], extra: Mapping[str, str]
+) -> list[tuple[bytes, bytes]]:
+    out = [
+        (k.lower().encode("latin-1"), v.encode("latin-1"))
+        for k, v in headers.items()
+        if k.lower() not in _RESPONSE_DROP
+    ]
+    out.extend((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in extra.items())
+    return out
+
+
+class Relay(Response):
+    """Relay an upstream response to the client, chunk by chunk, as it arrives.
+
+    Nothing is buffered, so SSE tokens reach the client as the upstream sends them.
+    The client's ``http.disconnect`` is watched all along; when it comes, the
+    upstream connection is closed at once (not returned to the pool), which is what
+    makes vLLM abort the request and free its KV blocks.
+    """
+
+    def __init__(
+        self,
+        upstream: aiohttp.ClientResponse,
+        extra_headers: Mapping[str, str],
+        client_gone: asyncio.Future[None],
+        *,
+        on_error: ErrorHook | None = None,
+        on_end: EndHook | None = None,
+        on_first_byte: Callable[[], None] | None = None,
+        capture_limit: int = 0,
+    ) -> None:
+        self._upstream = upstream
+        self._client_gone = client_gone
+        self._on_error = on_error
+        self._on_end = on_end
+        self._on_first_byte = on_first_byte
+        # Up to this many bytes of the body are kept for on_end (usage comparison);
+        # a longer body is relayed all the same, just not kept.
+        self._capture_limit = capture_limit
+        self._captured: list[bytes] | None = [] if capture_limit > 0 else None
+        self.status_code = upstream.status
+        self.raw_headers = response_headers(upstream.headers, extra_headers)
+        self.background = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        completed = False
+        try:
+            with CancelOnDisconnect(self._client_gone):
+                await self._pump(send)
+                completed = True
+        finally:
+            self._client_gone.cancel()
+            if completed:
+                self._upstream.release()
+            else:
+                self._upstream.close()
+            if self._on_end is not None:
+                captured = b"".join(self._captured) if completed and self._captured else None
+                self._on_end(completed, captured)
+
+    async def _pump(self, send: Send) -> None:
+        length = self._upstream.content_length
+        if self._captured is not None and length is not None and length <= self._capture_limit:
+            await self._send_whole(send)
+            return
+        await send(
+            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+        )
+        first = True
+        kept = 0
+        try:
+            async for chunk in self._upstream.content.iter_any():
+                if first and self._on_first_byte is not None:
+                    self._on_first_byte()
+                first = False
+                if self._captured is not None:
+                    kept += len(chunk)
+                    if kept <= self._capture_limit:
+                        self._captured.append(chunk)
+                    else:
+                        self._captured = None
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            # The head is out already, so no error answer can follow: a stream gets a
+            # final error event, and then every answer is broken off (RelayAborted),
+            # so that no client takes a cut answer for a complete one.
+            error = _failure(exc, self._upstream)
+            if self._on_error is not None:
+                self._on_error(error.kind or "other")
+            log.warning("upstream answer broke off: %s", type(exc).__name__)
+            if self._is_sse():
+                event = sse_error_event(error)
+                await send({"type": "http.response.body", "body": event, "more_body": True})
+            raise RelayAborted(error.code) from None
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    def _is_sse(self) -> bool:
+        return self._upstream.content_type == "text/event-stream"
+
+    async def _send_whole(self, send: Send) -> None:
+        """A small answer of known length (a non-streaming completion): one read, one
+        send, and the body kept for the usage comparison. Should the upstream break
+        off mid-body, nothing has gone out yet and the client gets a clean 502."""
+        if self._on_first_byte is not None:
+            self._on_first_byte()
+        try:
+            body = await self._upstream.read()
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            error = _failure(exc, self._upstream)
+            if self._on_error is not None:
+                self._on_error(error.kind or "other")
+            body = error.body()
+            self.status_code = error.status
+            self.raw_headers = [(b"content-type", b"application/json")]
+            self._captured = None
+        else:
+            self._captured = [body]
+        self.raw_headers.append((b"content-length", str(len(body)).encode()))
+        await send(
+            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+        )
+        await send({"type": "http.response.body", "body": body})
+
+
+class CancelOnDisconnect:
+    """Cancels the running task when the client disconnects, and swallows that
+    cancellation at the end of the block (``fired`` then says it happened).
+
+    A done-callback on the watcher does it, so waiting for the upstream needs no
+    second task and no ``asyncio.wait`` per request. The callback is disarmed on
+    exit, so a disconnect noticed later never cancels code outside the block.
+    """
+
+    def __init__(self, client_gone: asyncio.Future[None] | None) -> None:
+        self._client_gone = client_gone
+        self._task: asyncio.Task[Any] | None = None
+        self._armed = False
+        self.fired = False
+
+    def __enter__(self) -> CancelOnDisconnect:
+        if self._client_gone is not None:
+            self._task = asyncio.current_task()
+            self._armed = True
+            self._client_gone.add_done_callback(self._fire)
+        return self
+
+    def _fire(self, gone: asyncio.Future[None]) -> None:
+        if self._armed and not gone.cancelled() and self._task is not None:
+            self.fired = True
+            self._task.cancel()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        self._armed = False
+        if self._client_gone is not None:
+            self._client_gone.remove_done_callback(self._fire)
+        if self.fired and exc_type is asyncio.CancelledError and self._task is not None:
+            self._task.uncancel()
+            return True
+        return False
+
+
+def watch_disconnect(receive: Receive) -> asyncio.Future[None]:
+    """A task that completes when the client disconnects; call once the body is read.
+
+    The caller owns it: it is handed to ``Upstream.forward`` and then to ``Relay``,
+    which cancels it at the end; on an error in between the caller cancels it.
+    """
+    return asyncio.ensure_future(_wait_disconnect(receive))
+
+
+async def _wait_disconnect(receive: Receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return

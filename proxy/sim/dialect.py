@@ -1,0 +1,105 @@
+"""What the two servers the sim plays have in common: the ``Dialect`` base, the plan
+of one generation, the error answer. Each one's wire format is in ``vllm.py`` and
+``fastchat.py``; the state picks one by name (``state.dialect_for``). Everything here
+builds plain dicts and bytes; no I/O.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.sim.config import SimConfig
+
+_WORDS = (" Hello", " from", " the", " simulated", " upstream", ".")
+
+
+class SimError(Exception):
+    """An error answer: status, and the body the real server would send."""
+
+    def __init__(self, status: int, body: dict[str, Any] | str) -> None:
+        super().__init__(status)
+        self.status = status
+        self.body = body
+
+
+def completion_text(tokens: int) -> list[str]:
+    """The generated tokens, one string each (deterministic)."""
+    return [_WORDS[i % len(_WORDS)] for i in range(tokens)]
+
+
+def rand_id(prefix: str) -> str:
+    return f"{prefix}{os.urandom(12).hex()}"
+
+
+@dataclass(slots=True)
+class Plan:
+    """What one generation request will produce."""
+
+    model: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str
+
+
+class Dialect:
+    name: str = ""
+
+    # -- errors ---------------------------------------------------------------
+    def error(
+        self, cfg: SimConfig, status: int, message: str, *, kind: str, param: str | None = None
+    ) -> SimError:
+        raise NotImplementedError
+
+    def invalid(self, cfg: SimConfig, message: str) -> SimError:
+        """A request body the server's validation refuses."""
+        raise NotImplementedError
+
+    def check_model(self, cfg: SimConfig, model: Any) -> str:
+        raise NotImplementedError
+
+    def prompt_too_long(self, cfg: SimConfig, prompt: int) -> SimError:
+        """The error for a prompt that alone fills the context window."""
+        raise NotImplementedError
+
+    # -- chat ----------------------------------------------------------------
+    def plan_chat(self, cfg: SimConfig, payload: dict[str, Any]) -> Plan:
+        raise NotImplementedError
+
+    def chat_body(self, plan: Plan, rid: str, created: int) -> bytes:
+        raise NotImplementedError
+
+    def chat_stream(
+        self, plan: Plan, payload: dict[str, Any], rid: str, created: int
+    ) -> Iterator[bytes]:
+        """SSE events, one per yield; ``len(tokens) + k`` of them, ``[DONE]`` last.
+
+        The server paces the yields after the first one, one generated token each,
+        so callers get: role chunk, one chunk per token, then the tail.
+        """
+        raise NotImplementedError
+
+    def models(self, cfg: SimConfig) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+def max_tokens_of(payload: dict[str, Any]) -> Any:
+    value = payload.get("max_completion_tokens")
+    return value if value else payload.get("max_tokens")
+
+
+def check_messages(dialect: Dialect, cfg: SimConfig, payload: Any) -> list[dict[str, Any]]:
+    if not isinstance(payload, dict):
+        raise dialect.invalid(cfg, "Input should be a valid dictionary")
+    messages = payload.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise dialect.invalid(cfg, "messages: Field required (a non-empty list)")
+    if not all(isinstance(m, dict) for m in messages):
+        raise dialect.invalid(cfg, "messages: Input should be a valid dictionary")
+    return messages
+
+
+def new_chat_id() -> str:
+    return rand_id("chatcmpl-")

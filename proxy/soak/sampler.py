@@ -1,0 +1,168 @@
+"""The engine, sampled every half second: its own ``/metrics`` and the GPUs' memory.
+
+Only the lines of the few families a soak needs are handed to prometheus-client's
+text parser: vLLM's page runs to hundreds of kilobytes of histograms, and parsing it
+all twice a second would load the very machine being measured. Across several
+engines (data parallel) KV usage is the fullest one's, counts are summed.
+
+GPU memory comes from ``nvidia-smi`` where the machine has one; elsewhere the sample
+has no such field.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from proxy.soak.options import SAMPLE_INTERVAL
+from proxy.soak.records import Sample
+
+KV_NAMES = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+PREEMPTIONS = "vllm:num_preemptions_total"
+PREFIX_HITS = "vllm:prefix_cache_hits_total"
+PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
+CACHE_CONFIG = "vllm:cache_config_info"
+_SUMMED = (RUNNING, WAITING, PREEMPTIONS, PREFIX_HITS, PREFIX_QUERIES)
+_WANTED = (*KV_NAMES, *_SUMMED, CACHE_CONFIG)
+_PREFIXES = tuple(p for name in _WANTED for p in (f"{name}{{", f"{name} "))
+_NVIDIA_SMI = ("--query-gpu=memory.used", "--format=csv,noheader,nounits")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineReading:
+    kv_usage: float | None = None
+    values: dict[str, float] = field(default_factory=dict)
+    cache_config: dict[str, str] | None = None
+    """The labels of ``vllm:cache_config_info`` (block_size, num_gpu_blocks, …)."""
+
+    def get(self, name: str) -> float | None:
+        return self.values.get(name)
+
+
+def parse_engine_metrics(text: str) -> EngineReading:
+    kept = "\n".join(line for line in text.splitlines() if line.startswith(_PREFIXES))
+    found: dict[str, list[float]] = {}
+    cache_config: dict[str, str] | None = None
+    for family in text_string_to_metric_families(kept + "\n"):
+        for sample in family.samples:
+            if sample.name == CACHE_CONFIG:
+                cache_config = cache_config or dict(sample.labels)
+            elif sample.name in _WANTED and not math.isnan(sample.value):
+                found.setdefault(sample.name, []).append(sample.value)
+    kv = next((max(found[n]) for n in KV_NAMES if n in found), None)
+    values = {name: sum(found[name]) for name in _SUMMED if name in found}
+    return EngineReading(kv, values, cache_config)
+
+
+def parse_nvidia_smi(output: str) -> list[float] | None:
+    """MiB used per card from ``--format=csv,noheader,nounits``, or ``None``."""
+    cards: list[float] = []
+    for line in output.splitlines():
+        if line.strip():
+            try:
+                cards.append(float(line.strip()))
+            except ValueError:
+                return None
+    return cards or None
+
+
+async def gpu_memory_used(executable: str) -> list[float] | None:
+    try:
+        child = await asyncio.create_subprocess_exec(
+            executable,
+            *_NVIDIA_SMI,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+    except OSError:
+        return None
+    try:
+        out, _ = await asyncio.wait_for(child.communicate(), timeout=5.0)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            child.kill()
+        await child.wait()
+        return None
+    return parse_nvidia_smi(out.decode()) if child.returncode == 0 else None
+
+
+class EngineSampler:
+    """Samples one arm's engine every ``SAMPLE_INTERVAL`` seconds while it runs."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        metrics_url: str | None,
+        headers: dict[str, str],
+        on_sample: Callable[[Sample], None],
+    ) -> None:
+        self.session = session
+        self.metrics_url = metrics_url
+        self.headers = headers
+        self.on_sample = on_sample
+        self.nvidia_smi = shutil.which("nvidia-smi")
+        self.last_reading: EngineReading | None = None
+
+    async def read(self) -> EngineReading:
+        if self.metrics_url is None:
+            raise ValueError("engine metrics are off (--metrics-url none)")
+        timeout = aiohttp.ClientTimeout(total=5.0)
+        async with self.session.get(
+            self.metrics_url, headers=self.headers, timeout=timeout
+        ) as response:
+            response.raise_for_status()
+            return parse_engine_metrics(await response.text())
+
+    async def sample(self, arm: str, started: float) -> Sample:
+        t, unix = time.monotonic() - started, time.time()
+        gpu_task = (
+            asyncio.ensure_future(gpu_memory_used(self.nvidia_smi)) if self.nvidia_smi else None
+        )
+        if self.metrics_url is None:  # --metrics-url none: GPU memory alone
+            gpu = await gpu_task if gpu_task is not None else None
+            return Sample(arm, round(t, 4), unix, gpu_memory_used_mib=gpu)
+        try:
+            reading = await self.read()
+        except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
+            gpu = await gpu_task if gpu_task is not None else None
+            return Sample(arm, round(t, 4), unix, gpu_memory_used_mib=gpu, error=str(exc)[:200])
+        self.last_reading = reading
+        gpu = await gpu_task if gpu_task is not None else None
+        return Sample(
+            arm,
+            round(t, 4),
+            unix,
+            kv_usage=reading.kv_usage,
+            running=reading.get(RUNNING),
+            waiting=reading.get(WAITING),
+            preemptions_total=reading.get(PREEMPTIONS),
+            prefix_cache_hits_total=reading.get(PREFIX_HITS),
+            prefix_cache_queries_total=reading.get(PREFIX_QUERIES),
+            gpu_memory_used_mib=gpu,
+        )
+
+    async def run(self, arm: str, started: float, stop: asyncio.Event) -> None:
+        """Sample on a fixed schedule until ``stop`` is set, then once more."""
+        tick = 0
+        while True:
+            self.on_sample(await self.sample(arm, started))
+            if stop.is_set():
+                return
+            tick += 1
+            # A fixed grid: a slow scrape delays one sample, not all the later ones.
+            delay = started + tick * SAMPLE_INTERVAL - time.monotonic()
+            if delay < 0:
+                tick = math.ceil((time.monotonic() - started) / SAMPLE_INTERVAL)
+                delay = started + tick * SAMPLE_INTERVAL - time.monotonic()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=max(0.0, delay))

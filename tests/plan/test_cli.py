@@ -1,0 +1,188 @@
+"""``trimproxy plan`` as an operator runs it: a real process, stdout, stderr, exit status."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from tests.support.processes import free_port
+
+CONFIGS = Path(__file__).with_name("configs")
+ROOT = Path(__file__).resolve().parents[2]
+KEY = "plan-test-key"
+
+# A vLLM 0.32 scrape's cache_config_info line (labels trimmed to the ones read, plus a
+# couple of others).
+METRICS = """\
+# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="32",cache_dtype="auto",engine="0",\
+kv_cache_size_tokens="6144",num_gpu_blocks="192",num_cpu_blocks="None"} 1.0
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="tiny-chat"} 0.0
+"""
+
+
+def plan(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("TRIMPROXY_")}
+    return subprocess.run(
+        [sys.executable, "-m", "proxy.cli", "plan", *args],
+        env={**clean, **(env or {})}, capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+
+
+def test_json_has_the_promised_keys() -> None:
+    out = plan(str(CONFIGS / "llama-3-8b.json"), "--tensor-parallel-size", "2", "--json")
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    for key in (
+        "kv_bytes_per_token", "kv_bytes_per_token_per_gpu", "kv_cache_tokens",
+        "max_concurrency_at_max_model_len", "fits", "recommended", "fallbacks",
+    ):  # fmt: skip
+        assert key in report, key
+    assert (report["kv_bytes_per_token"], report["kv_bytes_per_token_per_gpu"]) == (131072, 65536)
+    rec = report["recommended"]
+    for key in ("TRIMPROXY_MAX_PROMPT_TOKENS", "TRIMPROXY_KV_ADMISSION", "vllm_args"):
+        assert key in rec
+    assert "--tensor-parallel-size" in rec["vllm_args"]
+    assert "--limit-worker-concurrency" in rec["fastchat_args"]
+    assert len(report["gpus"]) == 2
+
+
+def test_human_output_is_a_table_per_gpu_and_the_advice() -> None:
+    out = plan(str(CONFIGS / "chatglm3-6b.json"), "--tensor-parallel-size", "2",
+               "--gpu-memory", "24GB", "--concurrency", "16")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert any(line.split()[:2] == ["0", "0-27"] for line in lines if line.strip())
+    assert any(line.split()[:2] == ["1", "0-27"] for line in lines if line.strip())
+    assert "TRIMPROXY_MAX_PROMPT_TOKENS=" in out.stdout
+    assert "fallbacks, in order" in out.stdout
+
+
+@pytest.mark.parametrize(
+    ("content", "field"),
+    [
+        (None, "config.json"),
+        ("{broken", "config.json"),
+        ('{"num_hidden_layers": 2, "hidden_size": 64, "vocab_size": 9}', "num_attention_heads"),
+        (
+            '{"num_hidden_layers": 2, "num_attention_heads": 2, "hidden_size": 64,'
+            ' "vocab_size": 9, "layer_types": ["full_attention", "mamba"]}',
+            "layer_types",
+        ),
+    ],
+)
+def test_unreadable_config_is_one_line_and_exit_2(
+    tmp_path: Path, content: str | None, field: str
+) -> None:
+    if content is not None:
+        (tmp_path / "config.json").write_text(content)
+    out = plan(str(tmp_path), "--json")
+    assert out.returncode == 2
+    assert out.stdout == ""
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1
+    assert lines[0].startswith(f"trimproxy plan: {field}: ")
+
+
+def test_impossible_parallelism_is_refused() -> None:
+    out = plan(str(CONFIGS / "qwen2.5-7b.json"), "--tensor-parallel-size", "8")
+    assert out.returncode == 2
+    assert "--tensor-parallel-size" in out.stderr
+
+
+# --------------------------------------------------------------------------- --from-engine
+
+
+def _engine_app(seen: list[str | None]) -> Starlette:
+    def authorized(request: Request) -> bool:
+        seen.append(request.headers.get("authorization"))
+        return request.headers.get("authorization") == f"Bearer {KEY}"
+
+    async def metrics(request: Request) -> Response:
+        return PlainTextResponse(METRICS)  # vLLM leaves /metrics open
+
+    async def models(request: Request) -> Response:
+        if not authorized(request):
+            return JSONResponse({"error": "unauthorized"}, status_code=401)
+        data = [{"id": "tiny-chat", "object": "model", "max_model_len": 2048}]
+        return JSONResponse({"object": "list", "data": data})
+
+    return Starlette(routes=[Route("/metrics", metrics), Route("/v1/models", models)])
+
+
+@pytest.fixture
+def engine() -> Iterator[tuple[str, list[str | None]]]:
+    seen: list[str | None] = []
+    port = free_port()
+    config = uvicorn.Config(_engine_app(seen), host="127.0.0.1", port=port, log_level="error")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "the fake engine did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}", seen
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+def _engine_report(url: str, *args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    out = plan("--from-engine", url, "--json", *args, env=env)
+    assert out.returncode == 0, out.stderr
+    report: dict[str, Any] = json.loads(out.stdout)
+    return report
+
+
+def test_from_engine_reads_the_engines_figures(engine: tuple[str, list[str | None]]) -> None:
+    url, seen = engine
+    report = _engine_report(url, "--api-key", KEY, "--concurrency", "4")
+    assert (report["num_blocks"], report["block_size"]) == (192, 32)
+    assert (report["kv_cache_tokens"], report["max_model_len"]) == (6144, 2048)
+    # 192 blocks / cdiv(2,048, 32) = 192 / 64 = 3 requests of 2,048 tokens.
+    assert report["max_concurrency_at_max_model_len"] == 3.0
+    # 191 usable blocks // 4 sessions = 47 blocks = 1,504 tokens, minus 512 reserve.
+    assert report["recommended"]["TRIMPROXY_MAX_PROMPT_TOKENS"] == 992
+    assert report["recommended"]["TRIMPROXY_KV_ADMISSION"] == (191 - 4) * 32
+    assert f"Bearer {KEY}" in seen
+
+
+def test_from_engine_takes_the_key_from_the_environment(
+    engine: tuple[str, list[str | None]],
+) -> None:
+    url, seen = engine
+    _engine_report(url, env={"TRIMPROXY_UPSTREAM_API_KEY": KEY})
+    assert seen == [f"Bearer {KEY}"]
+
+
+def test_from_engine_without_the_key_says_how_to_pass_it(
+    engine: tuple[str, list[str | None]],
+) -> None:
+    url, _ = engine
+    out = plan("--from-engine", url)
+    assert out.returncode == 2
+    assert "401" in out.stderr and "--api-key" in out.stderr
+
+
+def test_from_engine_that_is_not_vllm(sim_upstream: Any) -> None:
+    # The sim publishes vLLM's gauges but no cache_config_info: named, exit 2.
+    out = plan("--from-engine", sim_upstream.url)
+    assert out.returncode == 2
+    assert "vllm:cache_config_info" in out.stderr

@@ -1,0 +1,103 @@
+"""The package's imports run one way: the module import graph of ``proxy/`` is acyclic.
+
+Built from the source with ``ast`` (nothing is imported), counting every import:
+module level, inside functions (lazy imports) and under ``TYPE_CHECKING``. An edge
+goes to the module named (``from proxy.a import b`` goes to ``proxy.a.b`` when that is
+a module, else to ``proxy.a``); the implicit import of a parent package is not an
+edge, so a package's ``__init__`` may re-export its own submodules.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "proxy"
+
+
+def _modules() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+def _targets(node: ast.AST, module: str, is_package: bool, modules: set[str]) -> Iterator[str]:
+    """The modules of ``proxy`` that one import statement names."""
+    if isinstance(node, ast.Import):
+        yield from (alias.name for alias in node.names if alias.name in modules)
+    elif isinstance(node, ast.ImportFrom):
+        base = node.module or ""
+        if node.level:
+            anchor = module.split(".")
+            anchor = anchor[: len(anchor) - (node.level - 1 if is_package else node.level)]
+            base = ".".join([*anchor, base] if base else anchor)
+        for alias in node.names:
+            # ``from a import b``: the submodule a.b when there is one, else a itself.
+            sub = f"{base}.{alias.name}"
+            if sub in modules:
+                yield sub
+            elif base in modules:
+                yield base
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = _modules()
+    names = set(modules)
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text("utf-8"), str(path))
+        is_package = path.name == "__init__.py"
+        for node in ast.walk(tree):
+            graph[name].update(t for t in _targets(node, name, is_package, names) if t != name)
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle as a path ``[a, b, ..., a]``, or None."""
+    state: dict[str, int] = {}  # 1: on the stack, 2: done
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return [*stack[stack.index(nxt) :], nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def test_graph_sees_the_package() -> None:
+    graph = import_graph()
+    assert "proxy.app" in graph
+    assert "proxy.settings" in graph["proxy.app"]
+
+
+def test_cycle_finder_finds_cycles() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_proxy_imports_are_acyclic() -> None:
+    cycle = find_cycle(import_graph())
+    if cycle:
+        pytest.fail("import cycle in proxy/: " + " -> ".join(cycle))
