@@ -54,6 +54,7 @@ class LoadResult:
     latencies_s: list[float] = field(default_factory=list)
     statuses: dict[int, int] = field(default_factory=dict)
     waited: int = 0
+    first_error: str = ""
 
     @property
     def errors(self) -> int:
@@ -100,6 +101,7 @@ async def drive(
             if "x-trimproxy-admission-wait-ms" in response.headers:
                 result.waited += 1
             if response.status_code != 200:
+                result.first_error = result.first_error or response.text[:300]
                 return
             reply = response.json()["choices"][0]["message"]["content"] or ""
             messages.append({"role": "assistant", "content": reply})
@@ -109,6 +111,24 @@ async def drive(
         await asyncio.gather(*(one(client, c) for c in range(conversations)))
     result.wall_s = time.perf_counter() - began
     return result
+
+
+def group_cpu_seconds(pgid: int) -> float:
+    """utime + stime of every process in a process group (vLLM's API server and engine
+    core): what the engine spent, recompute after preemption included."""
+    import os
+
+    total = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:  # field 5, pgrp
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -145,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
                         _wait_capacity(proxy.url)
                     engine.wait_for_metrics(lambda m: m.running == 0 and m.waiting == 0, 120)
                     before = engine.metrics().preemptions
+                    assert engine.proc is not None
+                    cpu_before = group_cpu_seconds(engine.proc.pid)
                     load = asyncio.run(
                         drive(
                             proxy.url,
@@ -155,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
                         )
                     )
                     preempted = engine.metrics().preemptions - before
+                    engine_cpu = group_cpu_seconds(engine.proc.pid) - cpu_before
                 rows.append(
                     {
                         "variant": name,
@@ -165,6 +188,9 @@ def main(argv: list[str] | None = None) -> int:
                         "errors": load.errors,
                         "waited": load.waited,
                         "preemptions": preempted,
+                        "engine_cpu_s": engine_cpu,
+                        "statuses": load.statuses,
+                        "first_error": load.first_error,
                     }
                 )
                 print(json.dumps(rows[-1]), flush=True)
@@ -172,11 +198,20 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{args.conversations} conversations x {args.turns} turns, budget {BUDGET}, "
           f"max_tokens {MAX_TOKENS}, KV 6,144 tokens")  # fmt: skip
     print(f"{'variant':<10} {'wall s':>7} {'x off':>6} {'p50 s':>6} {'p99 s':>6} "
-          f"{'errors':>6} {'waited':>6} {'preempt':>7}")  # fmt: skip
+          f"{'errors':>6} {'waited':>6} {'preempt':>7} {'engine CPU s':>12}")  # fmt: skip
     for r in rows:
         print(f"{r['variant']:<10} {r['wall_s']:>7.1f} {r['wall_s'] / off:>6.2f} "
               f"{r['p50_s']:>6.2f} {r['p99_s']:>6.2f} {r['errors']:>6} {r['waited']:>6} "
-              f"{r['preemptions']:>7.0f}")  # fmt: skip
+              f"{r['preemptions']:>7.0f} {r['engine_cpu_s']:>12.1f}")  # fmt: skip
+    print("\nmedians over the runs of each variant:")
+    for name, _ in variants:
+        mine = [r for r in rows if r["variant"] == name]
+        wall = statistics.median(r["wall_s"] for r in mine)
+        print(f"{name:<10} wall {wall:6.1f} s ({wall / off:.2f}x off), p50 "
+              f"{statistics.median(r['p50_s'] for r in mine):.2f} s, p99 "
+              f"{statistics.median(r['p99_s'] for r in mine):.2f} s, preemptions "
+              f"{sum(r['preemptions'] for r in mine):.0f} in all, engine CPU "
+              f"{statistics.median(r['engine_cpu_s'] for r in mine):.1f} s")  # fmt: skip
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2) + "\n")
     return 0

@@ -6,17 +6,24 @@ non-streaming and streaming, against:
 * ``direct``       the sim (vLLM dialect, answers at once, 16 tokens / 16 SSE chunks)
 * ``trimproxy``    ``trimproxy serve``, ``TRIMPROXY_TOKENIZER=approx``, nothing trimmed
 * ``trimproxy-trim`` the same with a budget that trims every request
+* ``trimproxy-hf``  ``TRIMPROXY_TOKENIZER=hf:<the test suite's tiny chat tokenizer>``,
+  nothing trimmed
+* ``trimproxy-hf-trim`` the same, trimming every request
 * ``floor``        a bare FastAPI + aiohttp-client passthrough (``floor_fastapi_aiohttp.py``)
+* ``floor-aiohttp`` a bare aiohttp-server + aiohttp-client passthrough (``floor_aiohttp.py``):
+  the cheapest Python proxy, so ``/aio`` says how far from the Python limit a target is
 * ``naive``        FastAPI + ``request.json()`` + httpx (``naive_fastapi_httpx.py``)
 
 and reports req/s, p50/p99 latency (``wrk --latency``), and CPU seconds per request
 of the proxy process (``utime+stime`` from ``/proc/<pid>/stat`` before and after the
-cell), with ratios against ``direct`` and against ``floor``. One target runs at a
+cell), with ratios against ``direct``, ``floor`` and ``floor-aiohttp``. One target runs at a
 time; the sim stays up throughout. Results also go to ``bench/results/overhead.json``.
 
     .venv/bin/python bench/overhead.py            # ~2.5 min: 5 s a cell
     .venv/bin/python bench/overhead.py --quick    # smoke run: 1 s a cell
     .venv/bin/python bench/overhead.py --targets direct,trimproxy,floor -c 16
+    .venv/bin/python bench/overhead.py --modes plain -c 16,64 --seconds 3 \
+        --targets trimproxy,trimproxy-hf,floor,floor-aiohttp      # the issue-17 cells
 
 Needs ``wrk`` on PATH (``apt-get install wrk``) and Linux ``/proc``; installs nothing.
 """
@@ -47,8 +54,25 @@ SIM_READY = "trimproxy-sim listening on "  # proxy.sim.cli.READY_PREFIX
 CHAT_PATH = "/v1/chat/completions"
 CONTEXT = 32_768
 TRIM_BUDGET = 1_000
-ALL_TARGETS = ("direct", "trimproxy", "trimproxy-trim", "floor", "naive")
+ALL_TARGETS = (
+    "direct",
+    "trimproxy",
+    "trimproxy-trim",
+    "trimproxy-hf",
+    "trimproxy-hf-trim",
+    "floor",
+    "floor-aiohttp",
+    "naive",
+)
+DEFAULT_TARGETS = ("direct", "trimproxy", "trimproxy-trim", "trimproxy-hf", "floor",
+                   "floor-aiohttp", "naive")  # fmt: skip
 FLOOR = "floor"
+AIO_FLOOR = "floor-aiohttp"
+FLOOR_SCRIPTS = {
+    "floor": "floor_fastapi_aiohttp.py",
+    "floor-aiohttp": "floor_aiohttp.py",
+    "naive": "naive_fastapi_httpx.py",
+}
 
 
 # -- processes ------------------------------------------------------------------------
@@ -153,21 +177,29 @@ def start_sim(workdir: Path) -> Server:
     raise AssertionError("unreachable")
 
 
+def hf_tokenizer(workdir: Path) -> Path:
+    """The test suite's tiny ChatML tokenizer (trained offline, cached under .cache)."""
+    from tests.support.tiny_model import build_tokenizer
+
+    return build_tokenizer(workdir / "tokenizer")
+
+
 def start_target(name: str, sim: Server, workdir: Path) -> Server:
     port = _free_port()
-    if name in ("trimproxy", "trimproxy-trim"):
+    if name.startswith("trimproxy"):
+        tokenizer = f"hf:{hf_tokenizer(workdir)}" if "-hf" in name else "approx"
         settings = {
             "TRIMPROXY_UPSTREAM_URL": sim.url,
-            "TRIMPROXY_TOKENIZER": "approx",
+            "TRIMPROXY_TOKENIZER": tokenizer,
             "TRIMPROXY_CONTEXT_WINDOW": str(CONTEXT),
         }
-        if name == "trimproxy-trim":
+        if name.endswith("-trim"):
             settings["TRIMPROXY_MAX_PROMPT_TOKENS"] = str(TRIM_BUDGET)
         args = [sys.executable, "-m", "proxy.cli", "serve", "--host", "127.0.0.1",
                 "--port", str(port)]  # fmt: skip
         server = _spawn(name, args, workdir, _env(settings))
     else:
-        script = {"floor": "floor_fastapi_aiohttp.py", "naive": "naive_fastapi_httpx.py"}[name]
+        script = FLOOR_SCRIPTS[name]
         args = [sys.executable, str(BENCH / script), "--port", str(port), "--upstream", sim.url]
         server = _spawn(name, args, workdir, _env({}))
     server.url = f"http://127.0.0.1:{port}"
@@ -283,6 +315,9 @@ class Row:
     rps_vs_direct: float | None = None
     rps_vs_floor: float | None = None
     cpu_vs_floor: float | None = None
+    p99_vs_floor: float | None = None
+    rps_vs_aio: float | None = None
+    cpu_vs_aio: float | None = None
     p50_added_ms: float | None = None
 
 
@@ -332,13 +367,20 @@ def add_ratios(rows: list[Row]) -> None:
     for row in rows:
         direct = by_key.get(("direct", row.mode, row.connections))
         floor = by_key.get((FLOOR, row.mode, row.connections))
+        aio = by_key.get((AIO_FLOOR, row.mode, row.connections))
         if direct is not None and direct.rps:
             row.rps_vs_direct = row.rps / direct.rps
             row.p50_added_ms = row.p50_ms - direct.p50_ms
         if floor is not None and floor.rps:
             row.rps_vs_floor = row.rps / floor.rps
+            if floor.p99_ms:
+                row.p99_vs_floor = row.p99_ms / floor.p99_ms
             if row.cpu_ms_per_req is not None and floor.cpu_ms_per_req:
                 row.cpu_vs_floor = row.cpu_ms_per_req / floor.cpu_ms_per_req
+        if aio is not None and aio.rps:
+            row.rps_vs_aio = row.rps / aio.rps
+            if row.cpu_ms_per_req is not None and aio.cpu_ms_per_req:
+                row.cpu_vs_aio = row.cpu_ms_per_req / aio.cpu_ms_per_req
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -346,9 +388,9 @@ def _fmt(value: float | None, spec: str) -> str:
 
 
 def print_table(rows: list[Row]) -> None:
-    head = (f"{'mode':<7}{'c':>4}  {'target':<15}{'req/s':>9}{'/direct':>9}{'/floor':>8}"
-            f"{'p50 ms':>9}{'+p50':>7}{'p99 ms':>9}{'CPU ms/req':>12}{'/floor':>8}"
-            f"{'sim ms/req':>12}{'errors':>8}")  # fmt: skip
+    head = (f"{'mode':<7}{'c':>4}  {'target':<18}{'req/s':>8}{'/direct':>8}{'/floor':>7}"
+            f"{'/aio':>6}{'p50 ms':>8}{'+p50':>7}{'p99 ms':>8}{'/floor':>7}{'CPU ms/req':>11}"
+            f"{'/floor':>7}{'/aio':>6}{'sim ms/req':>11}{'errors':>7}")  # fmt: skip
     print(head)
     print("-" * len(head))
     last: tuple[str, int] | None = None
@@ -357,11 +399,14 @@ def print_table(rows: list[Row]) -> None:
             print()
         last = (r.mode, r.connections)
         print(
-            f"{r.mode:<7}{r.connections:>4}  {r.target:<15}{r.rps:>9.0f}"
-            f"{_fmt(r.rps_vs_direct, '.2f'):>9}{_fmt(r.rps_vs_floor, '.2f'):>8}"
-            f"{r.p50_ms:>9.2f}{_fmt(r.p50_added_ms, '+.2f'):>7}{r.p99_ms:>9.2f}"
-            f"{_fmt(r.cpu_ms_per_req, '.3f'):>12}{_fmt(r.cpu_vs_floor, '.2f'):>8}"
-            f"{r.sim_cpu_ms_per_req:>12.3f}{r.errors:>8}"
+            f"{r.mode:<7}{r.connections:>4}  {r.target:<18}{r.rps:>8.0f}"
+            f"{_fmt(r.rps_vs_direct, '.2f'):>8}{_fmt(r.rps_vs_floor, '.2f'):>7}"
+            f"{_fmt(r.rps_vs_aio, '.2f'):>6}"
+            f"{r.p50_ms:>8.2f}{_fmt(r.p50_added_ms, '+.2f'):>7}{r.p99_ms:>8.2f}"
+            f"{_fmt(r.p99_vs_floor, '.2f'):>7}"
+            f"{_fmt(r.cpu_ms_per_req, '.3f'):>11}{_fmt(r.cpu_vs_floor, '.2f'):>7}"
+            f"{_fmt(r.cpu_vs_aio, '.2f'):>6}"
+            f"{r.sim_cpu_ms_per_req:>11.3f}{r.errors:>7}"
         )
 
 
@@ -390,8 +435,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=None, help="seconds a cell [5]")
     parser.add_argument(
         "--targets",
-        default=",".join(ALL_TARGETS),
-        help=f"comma-separated subset of {','.join(ALL_TARGETS)}",
+        default=",".join(DEFAULT_TARGETS),
+        help=f"comma-separated subset of {','.join(ALL_TARGETS)} [{','.join(DEFAULT_TARGETS)}]",
     )
     parser.add_argument(
         "-c",
@@ -486,7 +531,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print_table(rows)
     print(f"\n{len(rows)} cells in {elapsed:.0f} s. CPU = utime+stime of the proxy process "
-          f"per request; /floor compares with the bare FastAPI + aiohttp passthrough.")  # fmt: skip
+          f"per request; /floor compares with the bare FastAPI + aiohttp passthrough, /aio with "
+          f"the bare aiohttp-server one.")  # fmt: skip
 
     args.json.parent.mkdir(parents=True, exist_ok=True)
     report = {

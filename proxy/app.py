@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -11,56 +12,55 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from proxy.admission import build_admission
+from proxy.admission import KvAdmission, build_admission
 from proxy.dependencies import Services
 from proxy.errors import ProxyError, envelope
 from proxy.logs import request_facts, setup_logging
 from proxy.metrics import Metrics
 from proxy.middleware import Accounting, ApiKeys, InFlightLimit
+from proxy.models import ModelRoute, ModelRoutes, build_routes, load_models
 from proxy.relay import RelayAborted, quiet_relay_aborts
 from proxy.routes import routes
 from proxy.scrape import build_scraper
-from proxy.sessions.gate import build_sessions
+from proxy.sessions.gate import Sessions, build_sessions
 from proxy.settings import Settings
-from proxy.tokens import build_counter
-from proxy.upstream import ContextWindows, Upstream
 
 log = logging.getLogger("trimproxy")
 
 _JSON = "application/json"
 
 
-def create_app(settings: Settings | None = None, metrics: Metrics | None = None) -> FastAPI:
+def create_app(
+    settings: Settings | None = None, metrics: Metrics | None = None, *, freeze_heap: bool = False
+) -> FastAPI:
+    """The app; ``freeze_heap`` (``trimproxy serve``) moves what start-up built out of
+    the garbage collector's sight once the app is ready (``gc.freeze``)."""
     settings = settings if settings is not None else Settings()
     metrics = metrics if metrics is not None else Metrics()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        upstream = Upstream(settings, models_ttl=settings.models_refresh)
-        try:
-            counter = await build_counter(settings, upstream)
-        except BaseException:
-            await upstream.aclose()
-            raise
+        # One upstream per distinct URL, one counter per (tokenizer, upstream): the
+        # top level's, and those of the models file (proxy.models).
+        table = await build_routes(settings, load_models(settings))
+        upstream, counter = table.default.upstream, table.default.counter
         try:
             sessions = build_sessions(settings, metrics)  # None: no session limit is set
             if sessions is not None:
                 await sessions.start()
         except BaseException:
-            await counter.aclose()
-            await upstream.aclose()
+            await table.aclose()
             raise
         admission = build_admission(settings, metrics)  # None: TRIMPROXY_KV_ADMISSION=off
-        app.state.services = Services(
-            settings=settings,
-            metrics=metrics,
-            upstream=upstream,
-            windows=ContextWindows(upstream),
-            counter=counter,
-            sessions=sessions,
-            admission=admission,
-        )
+        app.state.services = _services(settings, metrics, table, sessions, admission)
         log.info("trimproxy ready: upstream %s, tokenizer %s", settings.upstream_url, counter.name)
+        if freeze_heap:
+            # Start-up's objects (modules, the tokenizer's tables, the app) live as long
+            # as the process; left in the collected generations, every full collection
+            # walks them all again, and requests allocate enough to trigger one every
+            # few hundred requests (bench/overhead.py, issue 17).
+            gc.collect()
+            gc.freeze()
         on_engine = admission.observe_engine if admission is not None else None
         scraper = build_scraper(settings, upstream, metrics, on_engine)
         if scraper is not None:
@@ -75,8 +75,7 @@ def create_app(settings: Settings | None = None, metrics: Metrics | None = None)
             if admission is not None:
                 await admission.aclose()
             metrics.close()
-            await counter.aclose()
-            await upstream.aclose()
+            await table.aclose()
 
     app = FastAPI(
         title="trimproxy",
@@ -99,6 +98,43 @@ def create_app(settings: Settings | None = None, metrics: Metrics | None = None)
     return app
 
 
+def _services(
+    settings: Settings,
+    metrics: Metrics,
+    table: ModelRoutes,
+    sessions: Sessions | None,
+    admission: KvAdmission | None,
+) -> Services:
+    """The top level's services, with each named model's own beside them."""
+    default = table.default
+
+    def view(route: ModelRoute) -> Services:
+        return Services(
+            settings=route.settings,
+            metrics=metrics,
+            upstream=route.upstream,
+            windows=route.windows,
+            counter=route.counter,
+            sessions=sessions,
+            # The ledger measures the top-level upstream's engine; another engine's
+            # requests must not take its room.
+            admission=admission if route.upstream is default.upstream else None,
+            model_label=route.name,
+        )
+
+    top = view(default)
+    top.by_model = {name: view(route) for name, route in table.by_name.items()}
+    if len(table.upstreams) > 1:
+        top.upstreams = table.upstreams
+        if admission is not None:
+            log.warning(
+                "TRIMPROXY_KV_ADMISSION applies to the top-level upstream %s only; models "
+                "of the models file served elsewhere are not admitted against it",
+                settings.upstream_url,
+            )
+    return top
+
+
 def app_from_env() -> FastAPI:
     """Factory for ``uvicorn --factory`` in multi-worker mode: settings from the env.
 
@@ -106,7 +142,7 @@ def app_from_env() -> FastAPI:
     """
     settings = Settings()
     setup_logging(settings.log_level)
-    return create_app(settings)
+    return create_app(settings, freeze_heap=True)
 
 
 async def _proxy_error(request: Request, exc: ProxyError) -> Response:

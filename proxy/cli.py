@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import shutil
 import signal
@@ -18,12 +19,15 @@ from pydantic import ValidationError
 from proxy.logs import setup_logging
 from proxy.metrics import clear_multiprocess_dir
 from proxy.plan import cli as plan_cli
-from proxy.settings import ENV_PREFIX, Settings, describe_error
+from proxy.settings import ENV_PREFIX, Settings, describe_error, unknown_variables
 from proxy.soak import cli as soak_cli
 
 
 def _settings_help() -> str:
-    lines = ["settings (environment variables; a .env file works too):"]
+    lines = [
+        "settings (environment variables; also read from ./.env in the working directory, "
+        "or from --env-file PATH; the environment wins):"
+    ]
     for name, field in Settings.model_fields.items():
         default = field.default
         shown = "none" if default is None else str(default)
@@ -44,6 +48,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="trimproxy",
         description="OpenAI-compatible proxy that keeps chat prompts inside a token budget.",
     )
+    parser.add_argument("--version", action="version", version=f"trimproxy {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     serve = commands.add_parser(
         "serve",
@@ -56,6 +61,12 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="listen port (TRIMPROXY_PORT)")
     serve.add_argument("--workers", type=int, help="worker processes (TRIMPROXY_WORKERS)")
     serve.add_argument("--upstream-url", help="upstream root URL (TRIMPROXY_UPSTREAM_URL)")
+    serve.add_argument(
+        "--env-file",
+        metavar="PATH",
+        help="read settings from this file (KEY=value lines) besides the environment, which "
+        "wins; without it, ./.env of the working directory is read when present",
+    )
     serve.add_argument(
         "--demo",
         action="store_true",
@@ -129,6 +140,64 @@ def _check_tokenizer(settings: Settings) -> None:
         raise SystemExit(2) from None
 
 
+def _version() -> str:
+    import proxy
+
+    return proxy.__version__
+
+
+def _read_env_file(path: str) -> None:
+    """``--env-file``: its values become environment variables (those already set win,
+    as they do over ./.env), so that every worker process sees them too."""
+    from dotenv import dotenv_values
+
+    if not os.path.isfile(path):
+        print(f"trimproxy: --env-file {path}: no such file", file=sys.stderr)
+        raise SystemExit(2)
+    for key, value in dotenv_values(path).items():
+        if value is not None:
+            os.environ.setdefault(key, value)
+
+
+def _check_models_file(settings: Settings) -> None:
+    """A models file that cannot be used stops start-up with one line and exit 2."""
+    from proxy.models import ModelsFileError, load_models
+
+    try:
+        models = load_models(settings)
+    except ModelsFileError as exc:
+        print(f"trimproxy: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    for model in models:
+        _check_tokenizer(model.settings)
+
+
+def _check_workers(settings: Settings) -> None:
+    """Several workers keep one in-memory session store each: a conversation's turns
+    land on any of them, so its turn count and age would be per worker. Refused (exit
+    2) rather than served with limits that do not hold."""
+    limited = settings.session_max_turns is not None or settings.session_max_age is not None
+    if settings.workers > 1 and limited and settings.redis_url is None:
+        print(
+            f"trimproxy: {settings.workers} workers with session limits "
+            f"({ENV_PREFIX}SESSION_MAX_TURNS/{ENV_PREFIX}SESSION_MAX_AGE) need a shared "
+            f"session store: set {ENV_PREFIX}REDIS_URL, or run one worker",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
+
+
+def _warn_unknown_variables() -> None:
+    """Warn (as JSON log lines) about each ``TRIMPROXY_*`` name that is no setting."""
+    from dotenv import dotenv_values
+
+    names = set(os.environ)
+    if os.path.isfile(".env"):
+        names.update(dotenv_values(".env"))
+    for warning in unknown_variables(names):
+        logging.getLogger("trimproxy.settings").warning(warning)
+
+
 def _stop_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(0)
 
@@ -140,11 +209,16 @@ def serve(args: argparse.Namespace) -> int:
         "workers": args.workers,
         "upstream_url": args.upstream_url,
     }
+    if args.env_file:
+        _read_env_file(args.env_file)
     settings = _load_settings(overrides)
     _check_tokenizer(settings)
+    _check_models_file(settings)
+    _check_workers(settings)
     # JSON lines for every logger; log_config=None below keeps uvicorn from
     # replacing this with its own plain-text handlers.
     setup_logging(settings.log_level)
+    _warn_unknown_variables()
     # Multiprocess metrics go through a shared directory; files left by an earlier
     # run would be summed with this one's, so it is cleared first. That applies to an
     # operator's PROMETHEUS_MULTIPROC_DIR with a single worker too.
@@ -159,7 +233,7 @@ def serve(args: argparse.Namespace) -> int:
         if settings.workers == 1:
             from proxy.app import create_app
 
-            _run_uvicorn(settings, create_app(settings))
+            _run_uvicorn(settings, create_app(settings, freeze_heap=True))
             return 0
         # Several workers: each builds its app from the environment, so the flags
         # travel there.

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from starlette.requests import Request
@@ -27,6 +28,21 @@ class Services:
     sessions: Sessions | None
     admission: KvAdmission | None = None
     """The KV ledger's gate; None when ``TRIMPROXY_KV_ADMISSION=off``."""
+    by_model: Mapping[str, Services] = field(default_factory=dict)
+    """``TRIMPROXY_MODELS_FILE``: each named model's own settings, upstream, window and
+    counter (``proxy.models``); a model it does not name is served by this one."""
+    model_label: str | None = None
+    """The ``model`` metric label of a named model's services; None on the top level,
+    where it is the request's model if an upstream lists it, else ``other``."""
+    upstreams: tuple[Upstream, ...] = ()
+    """Every distinct upstream when a models file names more than one (``/v1/models``
+    is their union); empty otherwise."""
+
+    def for_model(self, model: str | None) -> Services:
+        """The services that serve ``model``: its own from the models file, or these."""
+        if model is None or not self.by_model:
+            return self
+        return self.by_model.get(model, self)
 
 
 def services(request: Request) -> Services:

@@ -8,6 +8,8 @@ The HTTP client's failures are translated to these in one place: ``upstream_fail
 
 from __future__ import annotations
 
+from typing import Any
+
 import aiohttp
 import orjson
 
@@ -46,6 +48,56 @@ class ContextLengthExceeded(ProxyError):
     status = 400
     type = "invalid_request_error"
     code = "context_length_exceeded"
+
+    def __init__(self, message: str, *, needed: int | None = None, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        #: The prompt tokens the request needs at the least, when known.
+        self.needed = needed
+
+
+def context_length_exceeded(
+    *,
+    needed: int,
+    window: int | None,
+    reserve: int,
+    reserve_asked: bool,
+    max_prompt_tokens: int | None,
+    at_least: bool = False,
+) -> ContextLengthExceeded:
+    """The 400 for a prompt that cannot fit even after trimming, worded the way OpenAI
+    and vLLM word theirs ("This model's maximum context length is N tokens. However,
+    your messages resulted in M tokens."), which clients match to recognise a
+    context-window error (the LiteLLM SDK's ``context_window_fallbacks``), then the
+    proxy's advice for the limit that really binds: the window less the completion
+    reserve, or ``TRIMPROXY_MAX_PROMPT_TOKENS``.
+    """
+    room = window - reserve - 1 if window is not None else None
+    resulted = f"{'at least ' if at_least else ''}{needed} tokens"
+    dropped = "even with every earlier turn dropped (the system messages and the last turn)"
+    if max_prompt_tokens is not None and (room is None or max_prompt_tokens <= room):
+        return ContextLengthExceeded(
+            f"This model's maximum context length is {max_prompt_tokens} tokens for prompts "
+            f"through this proxy (TRIMPROXY_MAX_PROMPT_TOKENS). However, your messages "
+            f"resulted in {resulted}, {dropped}. Shorten the last message or the system "
+            "prompt; asking for fewer completion tokens would not help.",
+            param="messages",
+            needed=needed,
+        )
+    assert window is not None and room is not None
+    reserved = (
+        f"{reserve} tokens of max_tokens"
+        if reserve_asked
+        else f"{reserve} tokens for the answer (TRIMPROXY_DEFAULT_COMPLETION_RESERVE, as the "
+        "request names no max_tokens)"
+    )
+    return ContextLengthExceeded(
+        f"This model's maximum context length is {window} tokens. However, your messages "
+        f"resulted in {resulted}, {dropped}, and {reserved} leave {max(room, 0)} for the "
+        "prompt. Shorten the last message or the system prompt, or ask for fewer "
+        "completion tokens (max_tokens).",
+        param="messages",
+        needed=needed,
+    )
 
 
 class RequestTooLarge(ProxyError):

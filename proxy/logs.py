@@ -12,8 +12,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import random
 import re
-import secrets
 import sys
 import time
 from dataclasses import dataclass
@@ -95,7 +95,9 @@ def ensure_request_id(
     found: list[bytes] = [value for name, value in headers if name == REQUEST_ID_HEADER]
     if len(found) == 1 and _VALID_REQUEST_ID.fullmatch(found[0]):
         return found[0].decode("ascii"), None
-    generated = secrets.token_hex(16)
+    # An id correlates lines, it guards nothing: Mersenne bits are unique enough and
+    # cost no getrandom(2) call per request (secrets.token_hex does one).
+    generated = f"{random.getrandbits(128):032x}"
     kept = [h for h in headers if h[0] != REQUEST_ID_HEADER] if found else list(headers)
     kept.append((REQUEST_ID_HEADER, generated.encode("ascii")))
     return generated, kept
@@ -107,10 +109,20 @@ class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         return self.format_bytes(record).decode()
 
+    _second: int = -1
+    _second_text: str = ""
+
+    def _timestamp(self, created: float, msecs: float) -> str:
+        # strftime once a second, not once a line: the access line is on every request.
+        second = int(created)
+        if second != self._second:
+            self._second_text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+            self._second = second
+        return f"{self._second_text}.{int(msecs):03d}Z"
+
     def format_bytes(self, record: logging.LogRecord) -> bytes:
         out: dict[str, Any] = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
+            "ts": self._timestamp(record.created, record.msecs),
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
@@ -144,6 +156,41 @@ class JsonLineHandler(logging.Handler):
             self.handleError(record)
 
 
+# Library lines that are noise for a proxy that only counts tokens: transformers
+# without torch (the proxy never needs models), config keys of models it never runs.
+_LIBRARY_NOISE = ("PyTorch was not found", "rope_parameters")
+
+
+class _DropNoise(logging.Filter):
+    """On the handlers: a filter on the ``transformers`` logger would not see the
+    records of its children (``transformers.modeling_rope_utils``, ...)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith("transformers"):
+            return True  # the proxy's own lines, the access line: one check only
+        message = record.getMessage()
+        return not any(noise in message for noise in _LIBRARY_NOISE)
+
+
+def adopt_transformers_logging() -> None:
+    """Route transformers' logging through ours (JSON lines), minus its noise.
+
+    Call it right before transformers is first imported (the ``hf:`` counter's
+    loading): transformers gives its logger a plain-text stderr handler of its own at
+    import, and logs its advisory "PyTorch was not found" then. Its handler is
+    removed, and its records propagate to the root handlers (``setup_logging``'s),
+    which drop the noise; the advisory is turned off before the import.
+    """
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, _DropNoise) for f in handler.filters):
+            handler.addFilter(_DropNoise())
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_default_handler()
+    transformers_logging.enable_propagation()
+
+
 def setup_logging(level: str) -> None:
     """Send every logger of the process (uvicorn's too) to stderr as JSON lines.
 
@@ -158,6 +205,9 @@ def setup_logging(level: str) -> None:
     logging.logThreads = False
     logging.logProcesses = False
     logging.logMultiprocessing = False
+    # warnings.warn (libraries' deprecations and the like) as log records, so that
+    # they are JSON lines too, not Python's plain "file:line: Warning" text.
+    logging.captureWarnings(True)
     for name in ("uvicorn", "uvicorn.error"):
         # uvicorn's own dictConfig handlers would write plain text beside ours.
         logging.getLogger(name).handlers.clear()

@@ -73,6 +73,9 @@ KNOWN_ROUTES = frozenset(
 )
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+#: The ``model`` label of a chat request whose model is in neither the models file nor
+#: an upstream's list (the names come from clients: the label must stay bounded).
+OTHER_MODEL = "other"
 
 
 def route_label(path: str) -> str:
@@ -122,21 +125,21 @@ class Metrics:
         )
         self.prompt_tokens = Histogram(
             "trimproxy_prompt_tokens",
-            "Prompt tokens of chat requests as received and as forwarded.",
-            ["stage"],
+            "Prompt tokens of chat requests as received and as forwarded, by model.",
+            ["stage", "model"],
             buckets=TOKEN_BUCKETS,
             registry=r,
         )
         self.trimmed_messages = Counter(
-            "trimproxy_trimmed_messages", "Messages dropped by trimming.", registry=r
+            "trimproxy_trimmed_messages", "Messages dropped by trimming.", ["model"], registry=r
         )
         self.trimmed_tokens = Counter(
-            "trimproxy_trimmed_tokens", "Prompt tokens dropped by trimming.", registry=r
+            "trimproxy_trimmed_tokens", "Prompt tokens dropped by trimming.", ["model"], registry=r
         )
         self.trim_events = Counter(
             "trimproxy_trim_events",
-            "Requests whose history was trimmed, by reason.",
-            ["reason"],
+            "Requests whose history was trimmed, by reason and model.",
+            ["reason", "model"],
             registry=r,
         )
         self.session_limits = Counter(
@@ -159,7 +162,8 @@ class Metrics:
         )
         self.estimate_error = Histogram(
             "trimproxy_token_estimate_error_tokens",
-            "Counted prompt tokens minus the upstream's usage.prompt_tokens.",
+            "Counted prompt tokens minus the upstream's usage.prompt_tokens, by model.",
+            ["model"],
             buckets=ERROR_BUCKETS,
             registry=r,
         )
@@ -230,12 +234,28 @@ class Metrics:
             registry=r,
         )
 
+        self.build_info = Gauge(
+            "trimproxy_build_info",
+            "Always 1; the version label says which trimproxy this is.",
+            ["version"],
+            registry=r,
+            multiprocess_mode="max",
+        )
+        self.build_info.labels(_version()).set(1)
+
         # Children of the per-request series, resolved once: labels() takes a lock and
         # builds a key on every call, and the hot path needs only a handful.
-        self.prompt_received = self.prompt_tokens.labels("received")
-        self.prompt_forwarded = self.prompt_tokens.labels("forwarded")
+        self._models: dict[str, ModelSeries] = {}
         self.chat_ttfb = self.upstream_ttfb.labels("/v1/chat/completions")
         self._answered: dict[tuple[str, int], tuple[Any, Any]] = {}
+
+    def for_model(self, label: str) -> ModelSeries:
+        """The chat series of one ``model`` label (bounded by the caller: a name from
+        the models file or an upstream's list, else ``other``)."""
+        series = self._models.get(label)
+        if series is None:
+            series = self._models[label] = ModelSeries(self, label)
+        return series
 
     def answered(self, route: str, status: int, seconds: float) -> None:
         """Count one answered request and its duration."""
@@ -264,6 +284,38 @@ class Metrics:
         directory = multiprocess_dir()
         if directory:
             mp.mark_process_dead(os.getpid(), directory)  # type: ignore[no-untyped-call]
+
+
+class ModelSeries:
+    """The per-request chat series of one model, resolved once."""
+
+    __slots__ = (
+        "_trim_events",
+        "estimate_error",
+        "label",
+        "prompt_forwarded",
+        "prompt_received",
+        "trimmed_messages",
+        "trimmed_tokens",
+    )
+
+    def __init__(self, metrics: Metrics, label: str) -> None:
+        self.label = label
+        self.prompt_received = metrics.prompt_tokens.labels("received", label)
+        self.prompt_forwarded = metrics.prompt_tokens.labels("forwarded", label)
+        self.trimmed_messages = metrics.trimmed_messages.labels(label)
+        self.trimmed_tokens = metrics.trimmed_tokens.labels(label)
+        self.estimate_error = metrics.estimate_error.labels(label)
+        self._trim_events = metrics.trim_events
+
+    def trim_event(self, reason: str) -> None:
+        self._trim_events.labels(reason, self.label).inc()
+
+
+def _version() -> str:
+    import proxy
+
+    return proxy.__version__
 
 
 class _WithoutCreated(Collector):

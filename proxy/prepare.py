@@ -16,9 +16,15 @@ from starlette.requests import Request
 
 from proxy.chat import ChatRequest, with_messages
 from proxy.dependencies import Services
-from proxy.errors import ContextLengthExceeded, InvalidRequest, ProxyError
+from proxy.errors import (
+    ContextLengthExceeded,
+    InvalidRequest,
+    ProxyError,
+    context_length_exceeded,
+)
 from proxy.floor import max_token_chars, prompt_floor
 from proxy.logs import RequestFacts
+from proxy.metrics import OTHER_MODEL, ModelSeries
 from proxy.sessions.gate import SESSION_ID
 from proxy.trimming import TrimPolicy, TrimResult, trim
 from proxy.types import PromptCount
@@ -47,6 +53,19 @@ class Prepared:
     headers: dict[str, str]
     """Response headers for the client: token counts and the session's headers."""
     session_id: str | None
+    series: ModelSeries | None = None
+    """The request's per-model metric series (the relay observes the estimate error)."""
+
+
+async def model_series(svc: Services, model: str | None) -> ModelSeries:
+    """The metric series of ``model``: a name from the models file or one the upstream
+    lists (``/v1/models``, cached) is its own label, any other name is ``other``."""
+    label = svc.model_label
+    if label is None:
+        label = OTHER_MODEL
+        if model is not None and any(m.id == model for m in await svc.upstream.models()):
+            label = model
+    return svc.metrics.for_model(label)
 
 
 async def budget_for(svc: Services, chat: ChatRequest) -> int | None:
@@ -65,9 +84,11 @@ async def budget_for(svc: Services, chat: ChatRequest) -> int | None:
     if window is not None:
         room = window - reserve - 1
         if room < 1:
+            asked = "max_tokens" if chat.max_tokens else "TRIMPROXY_DEFAULT_COMPLETION_RESERVE"
             raise ContextLengthExceeded(
-                f"max_tokens of {reserve} leaves no room for a prompt in the model's "
-                f"context window of {window} tokens. Ask for fewer completion tokens.",
+                f"This model's maximum context length is {window} tokens. However, you "
+                f"requested {reserve} completion tokens ({asked}), which leaves no room for "
+                "the prompt. Ask for fewer completion tokens.",
                 param="max_tokens" if chat.max_tokens else None,
             )
         limits.append(room)
@@ -104,6 +125,7 @@ async def trim_within_budget(
                 f"This conversation needs {actual} prompt tokens even after trimming, but the "
                 f"budget is {budget} tokens. Shorten the last message or the system prompt.",
                 param="messages",
+                needed=actual,
             ) from exc
     raise ContextLengthExceeded(
         f"The prompt could not be brought under the budget of {budget} tokens.", param="messages"
@@ -122,19 +144,24 @@ async def refuse_if_surely_too_long(
     floor = prompt_floor(chat.messages, longest)
     if floor <= budget:
         return
-    window = svc.settings.context_window
+    raise await too_long(svc, chat, floor, at_least=True)
+
+
+async def too_long(
+    svc: Services, chat: ChatRequest, needed: int, *, at_least: bool = False
+) -> ContextLengthExceeded:
+    """The 400 for ``needed`` prompt tokens that cannot fit, naming the binding limit."""
+    settings = svc.settings
+    window = settings.context_window
     if window is None and chat.model is not None:
         window = await svc.windows.get(chat.model)
-    limit = (
-        f"This model's maximum context length is {window} tokens"
-        if window
-        else "The prompt budget is set by TRIMPROXY_MAX_PROMPT_TOKENS"
-    )
-    raise ContextLengthExceeded(
-        f"{limit}, which leaves {budget} prompt tokens after the completion reserve. The "
-        f"system messages and the last user turn alone need at least {floor} tokens, so "
-        "the request cannot be served even after trimming. Shorten the last message.",
-        param="messages",
+    return context_length_exceeded(
+        needed=needed,
+        window=window,
+        reserve=chat.max_tokens or settings.default_completion_reserve,
+        reserve_asked=bool(chat.max_tokens),
+        max_prompt_tokens=settings.max_prompt_tokens,
+        at_least=at_least,
     )
 
 
@@ -147,7 +174,14 @@ async def prepare(
     this request's access-log record, filled in as the facts become known.
     """
     settings = svc.settings
-    metrics = svc.metrics
+    # Before anything keeps or logs it: the name is the client's, of any length.
+    if chat.model is not None and len(chat.model) > settings.max_model_name_length:
+        raise InvalidRequest(
+            f"'model' is {len(chat.model)} characters long; this proxy accepts names of "
+            f"at most {settings.max_model_name_length} (TRIMPROXY_MAX_MODEL_NAME_LENGTH). "
+            "Use a model name from GET /v1/models.",
+            param="model",
+        )
     facts.model = chat.model
 
     history_start = 0
@@ -162,17 +196,11 @@ async def prepare(
         headers.update(admission.headers)
         facts.session_id = admission.headers.get(SESSION_ID)
 
-    if chat.model is not None and len(chat.model) > settings.max_model_name_length:
-        raise InvalidRequest(
-            f"'model' is {len(chat.model)} characters long; this proxy accepts names of "
-            f"at most {settings.max_model_name_length} (TRIMPROXY_MAX_MODEL_NAME_LENGTH). "
-            "Use a model name from GET /v1/models.",
-            param="model",
-        )
     budget = await budget_for(svc, chat)
     if budget is not None:
         await refuse_if_surely_too_long(svc, chat, budget, len(raw))
     count = await svc.counter.count(chat.messages, tools=chat.tools, model=chat.model)
+    metrics = await model_series(svc, chat.model)
     metrics.prompt_received.observe(count.total)
     facts.prompt_tokens_received = count.total
     policy = TrimPolicy(
@@ -181,7 +209,14 @@ async def prepare(
         max_history_turns=settings.max_history_turns,
         pin_first_user=settings.pin_first_user,
     )
-    result, forwarded = await trim_within_budget(svc, chat, count, policy, history_start)
+    try:
+        result, forwarded = await trim_within_budget(svc, chat, count, policy, history_start)
+    except ContextLengthExceeded as exc:
+        needed = exc.needed
+        if needed is None:  # what trimming keeps at the least: the head and the last turn
+            least = replace(policy, budget=None, max_history_turns=1)
+            needed = trim(chat.messages, count, least, history_start=history_start).tokens
+        raise await too_long(svc, chat, needed) from exc
     dropped = result.dropped(len(chat.messages))
     reason: str | None = None
     if dropped:
@@ -189,7 +224,7 @@ async def prepare(
         body = with_messages(chat, [chat.messages[i] for i in result.kept])
         metrics.trimmed_messages.inc(dropped)
         metrics.trimmed_tokens.inc(max(0, count.total - forwarded))
-        metrics.trim_events.labels(reason).inc()
+        metrics.trim_event(reason)
     else:
         body = raw  # nothing trimmed: the client's bytes, unchanged
     metrics.prompt_forwarded.observe(forwarded)
@@ -206,4 +241,5 @@ async def prepare(
         budget=budget,
         headers=headers,
         session_id=facts.session_id,
+        series=metrics,
     )

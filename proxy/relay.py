@@ -101,6 +101,13 @@ def sse_error_event(error: ProxyError) -> bytes:
 #: Called once the relay ends: whether the body went out whole, and the captured body.
 EndHook = Callable[[bool, bytes | None], None]
 
+#: Key in ``scope["state"]``: the ``send`` that the outermost middleware of the proxy
+#: (``Accounting``) was given. Once the head has gone out through the whole chain, the
+#: relay sends body chunks straight there: the wrappers in between (Accounting's, and
+#: Starlette's exception handlers') look only at the head, and on a stream of a few
+#: hundred chunks each layer costs a call per chunk.
+BODY_SEND = "trimproxy_body_send"
+
 
 def response_headers(
     headers: Mapping[str, str], extra: Mapping[str, str]
@@ -149,9 +156,11 @@ class Relay(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         completed = False
+        state = scope.get("state")
+        body_send = state.get(BODY_SEND) if isinstance(state, dict) else None
         try:
             with CancelOnDisconnect(self._client_gone):
-                await self._pump(send)
+                await self._pump(send, body_send or send)
                 completed = True
         finally:
             self._client_gone.cancel()
@@ -163,7 +172,9 @@ class Relay(Response):
                 captured = b"".join(self._captured) if completed and self._captured else None
                 self._on_end(completed, captured)
 
-    async def _pump(self, send: Send) -> None:
+    async def _pump(self, send: Send, body_send: Send) -> None:
+        """The head through ``send`` (every middleware sees it), the body through
+        ``body_send`` (``BODY_SEND``), chunk by chunk as aiohttp hands them over."""
         length = self._upstream.content_length
         if self._captured is not None and length is not None and length <= self._capture_limit:
             await self._send_whole(send)
@@ -171,20 +182,24 @@ class Relay(Response):
         await send(
             {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
         )
-        first = True
+        # Locals, not attributes, in the loop: it runs once per SSE event.
+        on_first_byte = self._on_first_byte
+        captured = self._captured
+        limit = self._capture_limit
         kept = 0
+        read = self._upstream.content.readany  # b"" at the end
         try:
-            async for chunk in self._upstream.content.iter_any():
-                if first and self._on_first_byte is not None:
-                    self._on_first_byte()
-                first = False
-                if self._captured is not None:
+            while chunk := await read():
+                if on_first_byte is not None:
+                    on_first_byte()
+                    on_first_byte = None
+                if captured is not None:
                     kept += len(chunk)
-                    if kept <= self._capture_limit:
-                        self._captured.append(chunk)
+                    if kept <= limit:
+                        captured.append(chunk)
                     else:
-                        self._captured = None
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                        captured = self._captured = None
+                await body_send({"type": "http.response.body", "body": chunk, "more_body": True})
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             # The head is out already, so no error answer can follow: a stream gets a
             # final error event, and then every answer is broken off (RelayAborted),
@@ -195,9 +210,9 @@ class Relay(Response):
             log.warning("upstream answer broke off: %s", type(exc).__name__)
             if self._is_sse():
                 event = sse_error_event(error)
-                await send({"type": "http.response.body", "body": event, "more_body": True})
+                await body_send({"type": "http.response.body", "body": event, "more_body": True})
             raise RelayAborted(error.code) from None
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        await body_send({"type": "http.response.body", "body": b"", "more_body": False})
 
     def _is_sse(self) -> bool:
         return self._upstream.content_type == "text/event-stream"

@@ -11,6 +11,7 @@ import asyncio
 import time
 
 import aiohttp
+import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -26,11 +27,12 @@ from proxy.errors import (
     RequestTooLarge,
 )
 from proxy.logs import request_facts
-from proxy.metrics import CONTENT_TYPE
+from proxy.metrics import CONTENT_TYPE, OTHER_MODEL
+from proxy.models import union_models
 from proxy.prepare import prepare
 from proxy.relay import Relay, watch_disconnect
 from proxy.tokens import estimate_error
-from proxy.upstream import Readiness
+from proxy.upstream import Readiness, Upstream
 
 CHAT_PATH = "/v1/chat/completions"
 # A non-streaming answer up to this size is kept to compare usage with the count.
@@ -79,6 +81,7 @@ async def chat_completions(request: Request) -> Response:
     svc = services(request)
     raw = await read_body(request, svc.settings.max_body_bytes, svc.settings.body_timeout)
     chat = parse_chat(raw)
+    svc = svc.for_model(chat.model)  # TRIMPROXY_MODELS_FILE: the model's own upstream
     facts = request_facts(request)  # for the access line
     prepared = await prepare(chat, raw, request, svc, facts)
     extra = prepared.headers
@@ -117,7 +120,8 @@ async def chat_completions(request: Request) -> Response:
         if captured is not None and upstream.status == 200:
             error = estimate_error(forwarded_tokens, captured)
             if error is not None:
-                metrics.estimate_error.observe(error)
+                series = prepared.series
+                (series or metrics.for_model(OTHER_MODEL)).estimate_error.observe(error)
 
     def on_first_byte() -> None:
         facts.upstream_ttfb = time.perf_counter() - started
@@ -180,6 +184,10 @@ async def passthrough(request: Request) -> Response:
             headers={"allow": "POST"},
         )
     body = await read_body(request, svc.settings.max_body_bytes, svc.settings.body_timeout)
+    if svc.upstreams and path == "/v1/models" and request.method == "GET":
+        return await union_of_models(request, svc)
+    if svc.by_model and body:
+        svc = svc.for_model(_model_of(body))  # completions, embeddings: the model's upstream
     query = request.scope.get("query_string", b"")
     if query:
         path = f"{path}?{query.decode('latin-1')}"
@@ -191,6 +199,41 @@ async def passthrough(request: Request) -> Response:
         client_gone,
         on_error=lambda kind: svc.metrics.upstream_errors.labels(kind).inc(),
     )
+
+
+def _model_of(body: bytes) -> str | None:
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None  # the upstream answers what it makes of it
+    model = payload.get("model") if isinstance(payload, dict) else None
+    return model if isinstance(model, str) else None
+
+
+async def union_of_models(request: Request, svc: Services) -> Response:
+    """``GET /v1/models`` with several upstreams (``TRIMPROXY_MODELS_FILE``): every
+    upstream's list in one (an id listed twice is the first upstream's). An upstream
+    that fails is left out; when all fail, the first one's answer is relayed."""
+
+    async def ask(upstream: Upstream) -> tuple[int, bytes, str]:
+        headers = upstream.request_headers(request.scope["headers"])
+        response = await upstream.forward("GET", "/v1/models", headers, None)
+        try:
+            return response.status, await response.read(), response.content_type
+        finally:
+            response.release()
+
+    answers = await asyncio.gather(*(ask(u) for u in svc.upstreams), return_exceptions=True)
+    good = [a[1] for a in answers if not isinstance(a, BaseException) and a[0] == 200]
+    merged = union_models(good)
+    if merged is not None:
+        return Response(merged, media_type="application/json")
+    first = answers[0]
+    if isinstance(first, BaseException):
+        if isinstance(first, ProxyError) and first.kind is not None:
+            svc.metrics.upstream_errors.labels(first.kind).inc()
+        raise first
+    return Response(first[1], status_code=first[0], media_type=first[2])
 
 
 async def healthz(request: Request) -> Response:

@@ -6,6 +6,8 @@ description, and a bad value stops start-up with one line naming the variable.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from typing import Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -184,6 +186,12 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         "info", description="Log level of the proxy's own logs."
     )
+    models_file: str | None = Field(
+        None,
+        description='TOML file with one [models."NAME"] table per served model name: its '
+        "upstream_url, tokenizer, context_window, max_prompt_tokens, ... (docs/models.md); "
+        "models it does not name use the top-level settings.",
+    )
 
     @field_validator("upstream_url")
     @classmethod
@@ -241,3 +249,20 @@ def describe_error(exc: ValidationError) -> str:
         name = f"{ENV_PREFIX}{field.upper()}" if field else "settings"
         lines.append(f"invalid {name}: {err['msg']}")
     return "\n".join(lines)
+
+
+def unknown_variables(names: Iterable[str]) -> list[str]:
+    """One warning per ``TRIMPROXY_*`` name that is no setting, naming the closest
+    real one: a typo (``TRIMPROXY_TRIMTARGET``) would otherwise be ignored silently."""
+    known = {f"{ENV_PREFIX}{field.upper()}" for field in Settings.model_fields}
+    warnings = []
+    for name in sorted(set(names)):
+        upper = name.upper()
+        if not upper.startswith(ENV_PREFIX) or upper in known:
+            continue
+        # Compared without the prefix, which every name shares.
+        fields = sorted(k[len(ENV_PREFIX) :] for k in known)
+        close = difflib.get_close_matches(upper[len(ENV_PREFIX) :], fields, n=1, cutoff=0.6)
+        hint = f"; did you mean {ENV_PREFIX}{close[0]}?" if close else ""
+        warnings.append(f"{name} is not a trimproxy setting and is ignored{hint}")
+    return warnings

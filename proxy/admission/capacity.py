@@ -5,10 +5,12 @@ figures, one series per engine (data-parallel ranks each have their own cache)::
 
     vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="2043",...} 1.0
 
-Newer releases may carry ``kv_cache_size_tokens`` directly; otherwise the capacity is
-``num_gpu_blocks * block_size``. Engines are summed: the proxy's ledger stands for the
-whole upstream behind one URL. The block size comes along so that reservations can be
-rounded up to whole blocks, the unit vLLM allocates in.
+Newer releases carry ``kv_cache_size_tokens`` (group-aware, so right for hybrid models
+too); otherwise the capacity is ``num_gpu_blocks * block_size``. One block is taken off
+either: vLLM V1's block pool keeps it for itself from start-up (its "null block", never
+handed to a request). Engines are summed: the
+proxy's ledger stands for the whole upstream behind one URL. The block size comes along
+so that reservations can be rounded up to whole blocks, the unit vLLM allocates in.
 """
 
 from __future__ import annotations
@@ -68,6 +70,9 @@ def parse_cache_config(text: str) -> EngineCache | None:
             if blocks is None or size is None:
                 continue
             tokens = blocks * size
+        # Both figures count the null block (vLLM 0.32's kv_cache_size_tokens is
+        # num_blocks / blocks_per_request x max_model_len): it is not the requests'.
+        tokens -= size or 0
         total += tokens
         block = max(block, size or 1)
         found = True

@@ -72,8 +72,8 @@ def fastchat_advice(plan: Plan) -> dict[str, Any]:
     """FastChat ``model_worker`` on the same cards: layers spread, one cache per request."""
     inputs, config = plan.inputs, plan.config
     gpus = inputs.tensor_parallel_size * inputs.pipeline_parallel_size
-    # transformers runs the checkpoint's dtype as FastChat loads it: float16 on GPU,
-    # float32 on CPU.
+    # FastChat's model_worker loads float16 on GPU and float32 on CPU, whatever the
+    # checkpoint's dtype.
     dtype = "float32" if inputs.device == "cpu" else "float16"
     tokens = max(1, min(prompt_budget(plan), plan.capacity.max_model_len))
     cost = prefill_cost(config, tokens, inputs.attn_implementation, dtype)
@@ -90,10 +90,10 @@ def fastchat_advice(plan: Plan) -> dict[str, Any]:
         free = inputs.gpu_memory_bytes - per_card_weights - FASTCHAT_OVERHEAD
         max_gpu = math.ceil(per_card_weights * 1.1 / GIB * 2) / 2
         args = ["--num-gpus", str(gpus), "--max-gpu-memory", f"{max_gpu:g}GiB"]
-    # The busiest card holds its share of every cache and of a prefill's layer
-    # activations, plus (the last card) the logits.
+    # The busiest card holds its layers' share of every cache; a prefill's scores, mask,
+    # activations and logits are counted whole on it (the worst card: the last).
     per_request = int(cost.kv * share)
-    transient = cost.scores + cost.mask + cost.activations + cost.logits
+    transient = cost.transient
     limit = 0
     for k in range(1, plan.concurrency + 1):
         if k * (per_request + transient) <= free:

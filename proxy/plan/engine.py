@@ -1,10 +1,10 @@
 """A running vLLM engine's own figures: ``/metrics`` and ``/v1/models``.
 
 ``vllm:cache_config_info`` is an info-style gauge whose labels are the engine's
-``CacheConfig.metrics_info()``: ``num_gpu_blocks``, ``block_size`` and, from v0.11 on,
-``kv_cache_size_tokens`` (the start-up log's "KV cache size"). ``max_model_len`` comes
-from ``/v1/models``. Read with the standard library's HTTP client: one GET each, at
-plan time only.
+``CacheConfig.metrics_info()``: ``num_gpu_blocks``, ``block_size`` and, in recent
+releases (0.32 has it), ``kv_cache_size_tokens`` (the start-up log's "KV cache size").
+``max_model_len`` comes from ``/v1/models``. Read with the standard library's HTTP
+client: one GET each, at plan time only.
 """
 
 from __future__ import annotations

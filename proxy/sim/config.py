@@ -61,6 +61,9 @@ class SimConfig:
     #: FastChat only: the system prompt its conversation template adds when the
     #: request has none (the qwen-7b-chat/ChatML template's default).
     fastchat_system_message: str = "You are a helpful assistant."
+    #: The sim tokenizer's bytes of text per token (``proxy.sim.tokenizer``): sims with
+    #: different values count the same prompt differently, like two models' tokenizers.
+    bytes_per_token: int = 4
     #: Largest request body accepted, bytes.
     max_body_bytes: int = 64 * 1024 * 1024
     #: Require ``Authorization: Bearer <api_key>`` (401 otherwise), like vLLM's
@@ -76,7 +79,8 @@ class SimConfig:
             raise ValueError(f"dialect must be 'vllm' or 'fastchat', not {self.dialect!r}")
         if self.error_style not in ("current", "legacy"):
             raise ValueError(f"error_style must be 'current' or 'legacy', not {self.error_style!r}")
-        positive = ("max_model_len", "kv_blocks", "block_size", "record_limit", "max_body_bytes")
+        positive = ("max_model_len", "kv_blocks", "block_size", "record_limit", "max_body_bytes",
+                    "bytes_per_token")  # fmt: skip
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.sim.config import SimConfig
+from proxy.sim.options import ChatOptions
 
 _WORDS = (" Hello", " from", " the", " simulated", " upstream", ".")
 
@@ -41,7 +42,9 @@ class Plan:
     model: str
     prompt_tokens: int
     completion_tokens: int
+    """Per choice: each of the ``options.n`` choices generates this many."""
     finish_reason: str
+    options: ChatOptions = field(default_factory=ChatOptions)
 
 
 class Dialect:

@@ -111,7 +111,11 @@ class FastChat(Dialect):
         messages = check_messages(self, cfg, payload)
         model = self.check_model(cfg, payload.get("model"))
         self._check_params(cfg, payload)
-        prompt = prompt_tokens(self._render(cfg, messages), add_generation_prompt=True)
+        prompt = prompt_tokens(
+            self._render(cfg, messages),
+            add_generation_prompt=True,
+            bytes_per_token=cfg.bytes_per_token,
+        )
         max_tokens = payload.get("max_tokens")
         if not isinstance(max_tokens, int) or max_tokens <= 0:
             max_tokens = 1024 * 1024  # check_length: "model worker not support None"

@@ -46,4 +46,21 @@ def render_metrics(state: SimState) -> str:
         lines.append(f"# HELP {name} {help_text}")
         lines.append(f"# TYPE {name} {kind}")
         lines.append(f"{name}{{{labels}}} {float(value)!r}")
+    if not cfg.legacy_metrics:
+        # V1 publishes the cache geometry as an info-style gauge; KV admission's `auto`,
+        # `trimproxy plan --from-engine` and `trimproxy soak` read it. The sim queues a
+        # request that does not fit instead of preempting one, so its preemption
+        # counter is truthfully zero.
+        info = (
+            f'block_size="{state.kv.block_size}",engine="0",'
+            f'num_gpu_blocks="{state.kv.total_blocks}"'
+        )
+        lines += [
+            "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig",
+            "# TYPE vllm:cache_config_info gauge",
+            f"vllm:cache_config_info{{{info}}} 1.0",
+            "# HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.",
+            "# TYPE vllm:num_preemptions_total counter",
+            f"vllm:num_preemptions_total{{{labels}}} 0.0",
+        ]
     return "\n".join(lines) + "\n"

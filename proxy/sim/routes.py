@@ -62,10 +62,16 @@ async def completions(request: web.Request) -> web.StreamResponse:
     payload = await _parse(request, state)
     prompts = _strings(state, payload.get("prompt"), "prompt")
     model = state.dialect.check_model(cfg, payload.get("model"))
-    count = sum(raw_prompt_tokens(p) for p in prompts)
+    count = sum(raw_prompt_tokens(p, cfg.bytes_per_token) for p in prompts)
     room = cfg.max_model_len - count
     if room <= 0:
         raise state.dialect.prompt_too_long(cfg, count)
+    # vLLM's (and FastChat's) CompletionRequest.max_tokens defaults to 16.
+    max_tokens = payload.get("max_tokens", 16)
+    max_tokens = 16 if max_tokens is None else max_tokens
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 0:
+        raise state.dialect.invalid(cfg, "max_tokens: Input should be greater than or equal to 0")
+    room = min(room, max_tokens)
     tokens = min(cfg.completion_tokens, room)
     plan = Plan(model, count, tokens, "length" if room <= cfg.completion_tokens else "stop")
     rid, created = f"cmpl-{new_chat_id()[9:]}", int(time.time())
@@ -87,7 +93,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
         return orjson.dumps(out)
 
     def events() -> Iterator[bytes]:
-        yield b"data: " + orjson.dumps(chunk("", None)) + b"\n\n"
+        # vLLM sends no opening chunk on completions: one chunk per token. (``generate``
+        # writes the first event at once; an empty one writes nothing.)
+        yield b""
         for i, word in enumerate(words):
             finish = plan.finish_reason if i == len(words) - 1 else None
             yield b"data: " + orjson.dumps(chunk(word, finish)) + b"\n\n"
@@ -102,7 +110,7 @@ async def embeddings(request: web.Request) -> web.StreamResponse:
     payload = await _parse(request, state)
     inputs = _strings(state, payload.get("input"), "input")
     model = state.dialect.check_model(cfg, payload.get("model"))
-    count = sum(raw_prompt_tokens(i) for i in inputs)
+    count = sum(raw_prompt_tokens(i, cfg.bytes_per_token) for i in inputs)
     # A deterministic 8-dimensional vector per input: enough to pass through.
     data = [
         {
@@ -151,9 +159,11 @@ async def tokenize(request: web.Request) -> web.StreamResponse:
         if len(chat) != len(messages):
             raise state.dialect.invalid(cfg, "messages: Input should be a valid dictionary")
         generation_prompt = payload.get("add_generation_prompt", True) is not False
-        ids = prompt_ids(chat, add_generation_prompt=generation_prompt)
+        ids = prompt_ids(
+            chat, add_generation_prompt=generation_prompt, bytes_per_token=cfg.bytes_per_token
+        )
     elif isinstance(payload.get("prompt"), str):
-        ids = raw_prompt_ids(payload["prompt"])
+        ids = raw_prompt_ids(payload["prompt"], cfg.bytes_per_token)
     else:
         raise state.dialect.invalid(cfg, "either messages or prompt is required")
     return json_response(
@@ -174,7 +184,7 @@ async def token_check(request: web.Request) -> web.StreamResponse:
         if not isinstance(item, dict) or not isinstance(item.get("prompt"), str):
             raise state.dialect.invalid(cfg, "prompts: model, prompt and max_tokens required")
         state.dialect.check_model(cfg, item.get("model"))
-        count = raw_prompt_tokens(item["prompt"])
+        count = raw_prompt_tokens(item["prompt"], cfg.bytes_per_token)
         max_tokens = item.get("max_tokens")
         reserve = max_tokens if isinstance(max_tokens, int) else 0
         out.append(

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 import orjson
 from aiohttp import web
 
-from proxy.sim import control, routes
+from proxy.sim import control, responses, routes
 from proxy.sim.config import SimConfig
 from proxy.sim.dialect import SimError
 from proxy.sim.state import RECORD, STATE, FailRule, SimState
@@ -112,6 +112,7 @@ def build_app(config: SimConfig) -> web.Application:
         router.add_get("/health", routes.health)
         router.add_get("/metrics", routes.metrics)
         router.add_post("/tokenize", routes.tokenize)
+        router.add_post("/v1/responses", responses.responses)
     else:
         router.add_post("/api/v1/token_check", routes.token_check)
         router.add_post("/api/v1/chat/completions", routes.chat_completions)

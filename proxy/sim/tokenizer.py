@@ -9,7 +9,9 @@ The prompt is rendered the way ChatML templates (Qwen, the FastChat
 and counted as:
 
 * each special token (``<|im_start|>``, ``<|im_end|>``) is one token;
-* each stretch of text between special tokens is ``ceil(utf8_bytes / 4)`` tokens.
+* each stretch of text between special tokens is ``ceil(utf8_bytes / 4)`` tokens
+  (``SimConfig.bytes_per_token`` changes the 4: two sims with different values stand
+  for two models whose tokenizers differ).
 
 So one message costs ``3 + ceil((len(role) + 1 + content_bytes) / 4)`` tokens (two
 specials, the ``role\\ncontent`` text, and the ``\\n`` after ``<|im_end|>``), and the
@@ -45,12 +47,12 @@ GENERATION_PROMPT_TOKENS = 4  # <|im_start|> + ceil(len("assistant\n") / 4)
 _SPECIALS = re.compile(r"(<\|im_start\|>|<\|im_end\|>)")
 
 
-def text_tokens(text: str) -> int:
+def text_tokens(text: str, bytes_per_token: int = 4) -> int:
     """Tokens of a stretch of text with no special tokens in it."""
     # ASCII strings are stored one byte a character: len() is the byte count, and
     # the encode() (a copy) is needed only for other text.
     size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
-    return (size + 3) // 4
+    return (size + bytes_per_token - 1) // bytes_per_token
 
 
 def _content_text(content: Any) -> tuple[str, int]:
@@ -82,39 +84,46 @@ def message_text(message: dict[str, Any]) -> tuple[str, int]:
     return f"{message.get('role', '')}\n{text}", media
 
 
-def message_tokens(message: dict[str, Any]) -> int:
+def message_tokens(message: dict[str, Any], bytes_per_token: int = 4) -> int:
     text, media = message_text(message)
-    return 3 + text_tokens(text) + media
+    return 3 + text_tokens(text, bytes_per_token) + media
 
 
-def prompt_tokens(messages: Iterable[dict[str, Any]], *, add_generation_prompt: bool) -> int:
-    total = sum(message_tokens(m) for m in messages)
-    return total + (GENERATION_PROMPT_TOKENS if add_generation_prompt else 0)
+def prompt_tokens(
+    messages: Iterable[dict[str, Any]], *, add_generation_prompt: bool, bytes_per_token: int = 4
+) -> int:
+    total = sum(message_tokens(m, bytes_per_token) for m in messages)
+    if not add_generation_prompt:
+        return total
+    return total + 1 + text_tokens("assistant\n", bytes_per_token)
 
 
-def raw_prompt_tokens(prompt: str) -> int:
+def raw_prompt_tokens(prompt: str, bytes_per_token: int = 4) -> int:
     """Tokens of a plain prompt string (special-token markers in it count as one)."""
     if "<|im_" not in prompt:
-        return text_tokens(prompt)
+        return text_tokens(prompt, bytes_per_token)
     total = 0
     for piece in _SPECIALS.split(prompt):
         if piece in (IM_START, IM_END):
             total += 1
         elif piece:
-            total += text_tokens(piece)
+            total += text_tokens(piece, bytes_per_token)
     return total
 
 
-def _text_ids(text: str) -> list[int]:
+def _text_ids(text: str, size: int = 4) -> list[int]:
     data = text.encode("utf-8", "surrogatepass")
     if not data:
         return []
-    data += b"\0" * (-len(data) % 4)
-    # memoryview.cast does the chunking in C; only the fold runs in Python.
-    return [3 + v % (VOCAB_SIZE - 3) for v in memoryview(data).cast("I").tolist()]
+    data += b"\0" * (-len(data) % size)
+    if size == 4:
+        # memoryview.cast does the chunking in C; only the fold runs in Python.
+        return [3 + v % (VOCAB_SIZE - 3) for v in memoryview(data).cast("I").tolist()]
+    chunks = (int.from_bytes(data[i : i + size], "little") for i in range(0, len(data), size))
+    return [3 + v % (VOCAB_SIZE - 3) for v in chunks]
 
 
-def raw_prompt_ids(prompt: str) -> list[int]:
+def raw_prompt_ids(prompt: str, bytes_per_token: int = 4) -> list[int]:
     ids: list[int] = []
     for piece in _SPECIALS.split(prompt):
         if piece == IM_START:
@@ -122,23 +131,25 @@ def raw_prompt_ids(prompt: str) -> list[int]:
         elif piece == IM_END:
             ids.append(IM_END_ID)
         elif piece:
-            ids.extend(_text_ids(piece))
+            ids.extend(_text_ids(piece, bytes_per_token))
     return ids
 
 
-def prompt_ids(messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool) -> list[int]:
+def prompt_ids(
+    messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool, bytes_per_token: int = 4
+) -> list[int]:
     """Token ids of the rendered prompt; ``len()`` equals ``prompt_tokens``."""
     ids: list[int] = []
     for message in messages:
         text, media = message_text(message)
         ids.append(IM_START_ID)
-        ids.extend(_text_ids(text))
+        ids.extend(_text_ids(text, bytes_per_token))
         ids.extend([0] * media)
         ids.append(IM_END_ID)
-        ids.extend(_text_ids("\n"))
+        ids.extend(_text_ids("\n", bytes_per_token))
     if add_generation_prompt:
         ids.append(IM_START_ID)
-        ids.extend(_text_ids("assistant\n"))
+        ids.extend(_text_ids("assistant\n", bytes_per_token))
     return ids
 
 

@@ -23,7 +23,28 @@ from proxy.sim.dialect import (
     max_tokens_of,
     rand_id,
 )
+from proxy.sim.options import ToolCall, logprobs_of, parse_options, pieces, tool_call_id
 from proxy.sim.tokenizer import prompt_tokens
+
+
+def _tokens(plan: Plan) -> list[str]:
+    """The generated tokens of each choice: the sim's words, or the JSON content of a
+    response format or tool call cut into as many pieces."""
+    options = plan.options
+    if options.tool_call is not None:
+        return pieces(options.tool_call.arguments, plan.completion_tokens)
+    if options.content is not None:
+        return pieces(options.content, plan.completion_tokens)
+    return completion_text(plan.completion_tokens)
+
+
+def _call(call: ToolCall, arguments: str | None = None) -> dict[str, Any]:
+    return {
+        "id": tool_call_id(),
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments if arguments is None
+                     else arguments},
+    }  # fmt: skip
 
 
 class VLLM(Dialect):
@@ -120,45 +141,58 @@ class VLLM(Dialect):
         max_tokens = max_tokens_of(payload)
         if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
             raise self.invalid(cfg, "max_tokens: Input should be greater than or equal to 1")
-        prompt = prompt_tokens(messages, add_generation_prompt=True)
+        prompt = prompt_tokens(
+            messages, add_generation_prompt=True, bytes_per_token=cfg.bytes_per_token
+        )
         self._context_error(cfg, prompt, max_tokens)
         room = max_tokens if max_tokens is not None else cfg.max_model_len - prompt
         tokens = min(cfg.completion_tokens, room)
         finish = "length" if room <= cfg.completion_tokens else "stop"
-        return Plan(model, prompt, tokens, finish)
+        options = parse_options(payload, lambda message, param: self.error(
+            cfg, 400, message, kind="BadRequestError", param=param))  # fmt: skip
+        return Plan(model, prompt, tokens, finish, options)
 
     def chat_body(self, plan: Plan, rid: str, created: int) -> bytes:
-        text = "".join(completion_text(plan.completion_tokens)).lstrip()
+        options = plan.options
+        tokens = _tokens(plan)
+        choices = []
+        for index in range(options.n):
+            call = options.tool_call
+            message: dict[str, Any] = {
+                "role": "assistant",
+                "content": "" if call else "".join(tokens).lstrip(),
+                "refusal": None,
+                "annotations": None,
+                "audio": None,
+                "function_call": None,
+                "tool_calls": [_call(call)] if call else [],
+                "reasoning_content": None,
+            }
+            choices.append(
+                {
+                    "index": index,
+                    "message": message,
+                    "logprobs": logprobs_of(tokens, options.top_logprobs)
+                    if options.logprobs
+                    else None,
+                    "finish_reason": plan.finish_reason,
+                    "stop_reason": None,
+                }
+            )
+        completion = plan.completion_tokens * options.n
         return orjson.dumps(
             {
                 "id": rid,
                 "object": "chat.completion",
                 "created": created,
                 "model": plan.model,
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {
-                            "role": "assistant",
-                            "content": text,
-                            "refusal": None,
-                            "annotations": None,
-                            "audio": None,
-                            "function_call": None,
-                            "tool_calls": [],
-                            "reasoning_content": None,
-                        },
-                        "logprobs": None,
-                        "finish_reason": plan.finish_reason,
-                        "stop_reason": None,
-                    }
-                ],
+                "choices": choices,
                 "service_tier": None,
                 "system_fingerprint": None,
                 "usage": {
                     "prompt_tokens": plan.prompt_tokens,
-                    "total_tokens": plan.prompt_tokens + plan.completion_tokens,
-                    "completion_tokens": plan.completion_tokens,
+                    "total_tokens": plan.prompt_tokens + completion,
+                    "completion_tokens": completion,
                     "prompt_tokens_details": None,
                 },
                 "prompt_logprobs": None,
@@ -171,6 +205,8 @@ class VLLM(Dialect):
     ) -> Iterator[bytes]:
         options = payload.get("stream_options")
         include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+        n = plan.options.n
+        call = plan.options.tool_call
         head = {
             "id": rid,
             "object": "chat.completion.chunk",
@@ -184,31 +220,48 @@ class VLLM(Dialect):
                 chunk["usage"] = None  # vLLM sets it explicitly on every chunk
             return b"data: " + orjson.dumps(chunk) + b"\n\n"
 
-        yield event(
-            {
-                "index": 0,
-                "delta": {"role": "assistant", "content": ""},
-                "logprobs": None,
-                "finish_reason": None,
-            }
+        # One yield per generated token (the server paces them); with n choices it
+        # holds one event per choice, as vLLM sends them.
+        yield b"".join(
+            event(
+                {
+                    "index": i,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+            )
+            for i in range(n)
         )
-        words = completion_text(plan.completion_tokens) or [""]
-        for i, word in enumerate(words):
-            last = i == len(words) - 1
-            choice: dict[str, Any] = {
-                "index": 0,
-                "delta": {"content": word},
-                "logprobs": None,
-                "finish_reason": plan.finish_reason if last else None,
-            }
-            if last:
-                choice["stop_reason"] = None
-            yield event(choice)
+        tokens = _tokens(plan) or [""]
+        for k, token in enumerate(tokens):
+            last = k == len(tokens) - 1
+            if call is None:
+                delta: dict[str, Any] = {"content": token}
+            elif k == 0:
+                delta = {"tool_calls": [{**_call(call, token), "index": 0}]}
+            else:
+                delta = {"tool_calls": [{"index": 0, "function": {"arguments": token}}]}
+            step = []
+            for i in range(n):
+                choice: dict[str, Any] = {
+                    "index": i,
+                    "delta": delta,
+                    "logprobs": logprobs_of([token], plan.options.top_logprobs)
+                    if plan.options.logprobs
+                    else None,
+                    "finish_reason": plan.finish_reason if last else None,
+                }
+                if last:
+                    choice["stop_reason"] = None
+                step.append(event(choice))
+            yield b"".join(step)
         if include_usage:
+            completion = plan.completion_tokens * n
             usage = {
                 "prompt_tokens": plan.prompt_tokens,
-                "completion_tokens": plan.completion_tokens,
-                "total_tokens": plan.prompt_tokens + plan.completion_tokens,
+                "completion_tokens": completion,
+                "total_tokens": plan.prompt_tokens + completion,
             }
             yield b"data: " + orjson.dumps({**head, "choices": [], "usage": usage}) + b"\n\n"
         yield b"data: [DONE]\n\n"

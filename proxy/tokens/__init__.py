@@ -9,56 +9,19 @@ from __future__ import annotations
 
 import logging
 
+from proxy.logs import adopt_transformers_logging
 from proxy.settings import Settings
 from proxy.tokens.approx import ApproxCounter
+from proxy.tokens.auto import AutoCounter, resolve_auto
 from proxy.tokens.counter import TokenCounter
-from proxy.tokens.discover import local_tokenizer, served_names
+from proxy.tokens.discover import served_names
 from proxy.tokens.errors import ConfigError
 from proxy.tokens.usage import estimate_error
-from proxy.upstream import Upstream, UpstreamCallFailed
+from proxy.upstream import Upstream
 
 __all__ = ["ApproxCounter", "ConfigError", "TokenCounter", "build_counter", "estimate_error"]
 
 log = logging.getLogger("trimproxy.tokens")
-
-
-async def _auto(upstream: Upstream) -> TokenCounter:
-    from proxy.tokens.vllm import VllmCounter
-
-    names = await served_names(upstream)
-    for name in names:
-        path = local_tokenizer(name)
-        if path is not None:
-            from proxy.tokens.hf import HFCounter
-
-            try:
-                counter = await HFCounter.load(str(path))
-            except ConfigError as exc:
-                log.warning("auto: found %s but cannot use it: %s", path, exc)
-                continue
-            log.info("auto: counting with the served model's tokenizer at %s", path)
-            return counter
-    model = names[-1] if names else None
-    vllm = VllmCounter(upstream, default_model=model)
-    try:
-        await vllm.tokenize([{"role": "user", "content": "a"}], model)
-    except UpstreamCallFailed as exc:
-        if exc.status in (401, 403):
-            log.warning(
-                "auto: the upstream's /tokenize answered HTTP %s: set "
-                "TRIMPROXY_UPSTREAM_API_KEY to the key the upstream expects",
-                exc.status,
-            )
-    else:
-        log.info("auto: counting with the upstream's /tokenize")
-        return vllm
-    log.warning(
-        "auto: no local tokenizer for the served model%s and no /tokenize upstream: counting "
-        "with the conservative approx estimate; set TRIMPROXY_TOKENIZER=hf:<dir> for exact "
-        "counts (docs/tokenizers.md)",
-        f" ({', '.join(names)})" if names else "",
-    )
-    return ApproxCounter()
 
 
 async def build_counter(settings: Settings, upstream: Upstream) -> TokenCounter:
@@ -73,6 +36,7 @@ async def build_counter(settings: Settings, upstream: Upstream) -> TokenCounter:
     if kind == "hf":
         from proxy.tokens.hf import HFCounter
 
+        adopt_transformers_logging()  # its lines as JSON, before it is imported
         return await HFCounter.load(arg)
     if kind == "tiktoken":
         from proxy.tokens.tiktoken_counter import TiktokenCounter
@@ -86,5 +50,7 @@ async def build_counter(settings: Settings, upstream: Upstream) -> TokenCounter:
         await counter.check()
         return counter
     if kind == "auto":
-        return await _auto(upstream)
+        picked, final = await resolve_auto(upstream)
+        # Started before its upstream: resolved again once the upstream answers.
+        return picked if final else AutoCounter(upstream, picked)
     raise ConfigError(f"TRIMPROXY_TOKENIZER={settings.tokenizer}: unknown tokenizer kind")

@@ -8,15 +8,22 @@ publishes can change between scrapes, as when an engine restarts with another ca
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
+import os
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from aiohttp import web
 
+from proxy.admission import EngineCache
+from proxy.metrics import Metrics
+from proxy.scrape import UpstreamScraper
+from proxy.upstream import Upstream
 from tests.sessions.helpers import metric_value
-from tests.support.inprocess import InProcessProxy, StartApp
+from tests.support.inprocess import InProcessProxy, StartApp, make_settings
 
 
 class FakeEngine:
@@ -84,9 +91,9 @@ async def test_capacity_from_the_scrape_follows_the_engine(
         kv_admission_fraction=0.5,
         upstream_metrics_interval=0.05,
     )
-    await capacity_becomes(proxy, 192 * 32 * 0.5)
+    await capacity_becomes(proxy, 95 * 32)  # (192 - 1) blocks x 0.5, whole blocks
     fake.blocks = 400  # the engine restarted with a larger cache
-    await capacity_becomes(proxy, 400 * 32 * 0.5)
+    await capacity_becomes(proxy, 199 * 32)
     chat = {"model": "m", "max_tokens": 40, "messages": [{"role": "user", "content": "hi"}]}
     response = await proxy.client.post("/v1/chat/completions", json=chat)
     assert response.status_code == 200
@@ -109,4 +116,29 @@ async def test_auto_without_figures_is_off_and_says_so_once(
     said = [r for r in caplog.records if "cache_config_info" in r.getMessage()]
     assert len(said) == 1
     fake.blocks = 10  # the engine now publishes its figures: admission switches on
-    await capacity_becomes(proxy, 320)
+    await capacity_becomes(proxy, 9 * 32)
+
+
+async def test_a_worker_that_does_not_scrape_still_learns_the_capacity(
+    engine: tuple[FakeEngine, str], tmp_path: Path
+) -> None:
+    """With several workers one scrapes (it holds the lock); the others read the capacity
+    for their own ledgers all the same."""
+    _, url = engine
+    lock = tmp_path / "upstream-scraper.lock"
+    seen: list[EngineCache | None] = []
+    upstream = Upstream(make_settings(url))
+    holder = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(holder, fcntl.LOCK_EX)  # another worker is the scraper
+    scraper = UpstreamScraper(upstream, Metrics(), 0.05, lock_path=str(lock), on_engine=seen.append)
+    try:
+        scraper.start()
+        deadline = time.monotonic() + 5
+        while not seen:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.02)
+    finally:
+        await scraper.stop()
+        await upstream.aclose()
+        os.close(holder)
+    assert seen[0] == EngineCache(191 * 32, 32)

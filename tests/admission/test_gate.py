@@ -38,7 +38,7 @@ def sample(metrics: Metrics, name: str, **labels: str) -> float | None:
 
 
 def test_parse_vllm_cache_config() -> None:
-    assert parse_cache_config(VLLM_V1) == EngineCache(192 * 32, 32)
+    assert parse_cache_config(VLLM_V1) == EngineCache(191 * 32, 32)  # less the null block
 
 
 def test_parse_sums_engines_and_prefers_kv_cache_size_tokens() -> None:
@@ -47,7 +47,7 @@ def test_parse_sums_engines_and_prefers_kv_cache_size_tokens() -> None:
         'vllm:cache_config_info{block_size="16",engine="1",kv_cache_size_tokens="2000",'
         'num_gpu_blocks="100"} 1.0\n'
     )
-    assert parse_cache_config(text) == EngineCache(1600 + 2000, 16)
+    assert parse_cache_config(text) == EngineCache(99 * 16 + 2000 - 16, 16)
 
 
 @pytest.mark.parametrize(
@@ -137,10 +137,10 @@ async def test_auto_without_figures_says_so_once_and_stays_off(
     free = await g.admit(10**6)
     assert free.charge == 0
     g.observe_engine(parse_cache_config(VLLM_V1))  # the engine now publishes its figures
-    assert g.capacity == Capacity(6144, 32)
-    assert sample(metrics, "trimproxy_kv_capacity_tokens") == 6144
+    assert g.capacity == Capacity(6112, 32)
+    assert sample(metrics, "trimproxy_kv_capacity_tokens") == 6112
     g.observe_engine(None)  # a failed scrape keeps the last capacity
-    assert g.capacity == Capacity(6144, 32)
+    assert g.capacity == Capacity(6112, 32)
     g.observe_engine(EngineCache(3200, 32))  # the engine restarted smaller
     assert g.capacity == Capacity(3200, 32)
 

@@ -8,6 +8,7 @@ is answered by the upstream itself (here the sim in strict mode: vLLM's 404).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -72,9 +73,7 @@ def test_served_models_are_learned_again_after_the_refresh_interval(
         answer = client.post(CHAT, json={**chat("sim-model"), "max_tokens": 4000})
         assert answer.status_code == 200, answer.text
         sim_upstream.configure(max_model_len=1000)
-        import time
-
-        time.sleep(1.5)
+        time.sleep(1.5)  # past TRIMPROXY_MODELS_REFRESH
         answer = client.post(CHAT, json={**chat("sim-model"), "max_tokens": 4000})
     assert answer.status_code == 400, answer.text
     assert answer.json()["error"]["code"] == "context_length_exceeded"

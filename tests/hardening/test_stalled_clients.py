@@ -121,7 +121,7 @@ def test_client_leaving_mid_body_is_499_without_traceback(
 def test_oversized_headers_are_refused(proxy_server: StartProxy, sim_upstream: SimUpstream) -> None:
     """httptools has no header limit of its own; the proxy's protocol closes the
     connection (with a 431 when the client still reads) past TRIMPROXY_MAX_HEADER_BYTES."""
-    proxy = proxy_server(tokenizer="approx", max_header_bytes=16384)
+    proxy = proxy_server(tokenizer="approx", max_header_bytes=16384, header_timeout=120)
     answer = b""
     with open_socket(proxy.url, timeout=20) as sock:
         try:

@@ -18,8 +18,15 @@ class Scrape:
     samples: dict[tuple[str, frozenset[tuple[str, str]]], float]
 
     def value(self, name: str, **labels: str) -> float:
-        """The sample's value; 0 when it is absent (a counter never incremented)."""
-        return self.samples.get((name, frozenset(labels.items())), 0.0)
+        """The sample's value; 0 when it is absent (a counter never incremented).
+
+        Without an exact match, the sum over the samples whose labels include
+        ``labels`` (a series asked for without its ``model`` label: all models)."""
+        wanted = frozenset(labels.items())
+        exact = self.samples.get((name, wanted))
+        if exact is not None:
+            return exact
+        return sum(v for (n, got), v in self.samples.items() if n == name and wanted <= got)
 
     def has(self, name: str, **labels: str) -> bool:
         return (name, frozenset(labels.items())) in self.samples

@@ -90,12 +90,12 @@ def test_request_facts_without_middleware_is_detached() -> None:
 def test_render_leaves_out_created_series() -> None:
     metrics = Metrics()
     metrics.requests.labels("/v1/models", "200").inc()
-    metrics.prompt_tokens.labels("received").observe(100)
-    metrics.estimate_error.observe(-3)
+    metrics.for_model("other").prompt_received.observe(100)
+    metrics.for_model("other").estimate_error.observe(-3)
     text = metrics.render().decode()
     assert "_created" not in text
     assert 'trimproxy_requests_total{code="200",route="/v1/models"} 1.0' in text
-    assert 'trimproxy_prompt_tokens_count{stage="received"} 1.0' in text
+    assert 'trimproxy_prompt_tokens_count{model="other",stage="received"} 1.0' in text
     # Another registry in the same process keeps its _created series: no global switch.
     from prometheus_client import CollectorRegistry, Counter, generate_latest
 

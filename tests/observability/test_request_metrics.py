@@ -85,8 +85,8 @@ async def test_known_sequence_counts_exactly(
     assert m.value("trimproxy_upstream_ttfb_seconds_count", route=CHAT) == 5
     # Compared with usage.prompt_tokens: the three non-streamed 200s.
     assert m.value("trimproxy_token_estimate_error_tokens_count") == 3
-    # Only the scrape that reads this is in flight.
-    assert m.value("trimproxy_requests_in_flight") == 1
+    # Nothing is in flight: the scrape that reads this is the proxy's own route.
+    assert m.value("trimproxy_requests_in_flight") == 0
     assert not any(name.endswith("_created") for name in m.names())
 
 

@@ -59,7 +59,7 @@ def test_counters_add_up_across_two_workers(
         assert m.value("trimproxy_request_duration_seconds_count", route=CHAT) == sent
         assert m.value("trimproxy_prompt_tokens_count", stage="received") == sent
         assert m.value("trimproxy_prompt_tokens_count", stage="forwarded") == sent
-        assert m.value("trimproxy_requests_in_flight") == 1  # the scrape itself
+        assert m.value("trimproxy_requests_in_flight") == 0  # the scrape is not counted
         assert not any(name.endswith("_created") for name in m.names())
 
 
@@ -125,7 +125,7 @@ def test_a_killed_worker_leaves_no_request_in_flight_and_keeps_its_counts(
     sim_upstream.configure(delay_seconds=0)
 
     m = scrape(proxy.url)
-    assert m.value("trimproxy_requests_in_flight") == 1  # the scrape; not the dead one's
+    assert m.value("trimproxy_requests_in_flight") == 0  # not the dead one's, nor the scrape
     # What the dead worker counted still happened.
     assert m.value("trimproxy_requests_total", route=CHAT, code="200") == 10
     # The upstream scrape goes on, whichever worker holds the lock now.

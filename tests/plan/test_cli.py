@@ -181,8 +181,22 @@ def test_from_engine_without_the_key_says_how_to_pass_it(
     assert "401" in out.stderr and "--api-key" in out.stderr
 
 
-def test_from_engine_that_is_not_vllm(sim_upstream: Any) -> None:
-    # The sim publishes vLLM's gauges but no cache_config_info: named, exit 2.
-    out = plan("--from-engine", sim_upstream.url)
+def test_from_engine_against_the_sim(sim_upstream_factory: Any) -> None:
+    # The sim publishes vLLM V1's cache_config_info without kv_cache_size_tokens (as
+    # older vLLM releases do): the capacity is num_gpu_blocks x block_size.
+    sim = sim_upstream_factory(kv_blocks=300, block_size=16, max_model_len=2048)
+    report = _engine_report(sim.url, "--concurrency", "3")
+    assert (report["num_blocks"], report["block_size"]) == (300, 16)
+    assert report["kv_cache_tokens"] == 300 * 16
+    assert report["kv_cache_tokens_reported"] is False
+    assert report["max_model_len"] == 2048
+    # 299 usable blocks // 3 = 99 blocks = 1,584 tokens, minus the 512 reserve.
+    assert report["recommended"]["TRIMPROXY_MAX_PROMPT_TOKENS"] == 1_072
+
+
+def test_from_engine_that_publishes_no_cache_config(sim_upstream_factory: Any) -> None:
+    # vLLM V0's metrics (the sim's legacy mode) carry no cache_config_info: named, exit 2.
+    sim = sim_upstream_factory(legacy_metrics=True)
+    out = plan("--from-engine", sim.url)
     assert out.returncode == 2
     assert "vllm:cache_config_info" in out.stderr

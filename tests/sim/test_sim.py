@@ -255,10 +255,15 @@ async def test_vllm_metrics_names(sim: SimFactory) -> None:
     assert 'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.0' in text
     assert "vllm:num_requests_running{" in text and "vllm:num_requests_waiting{" in text
     assert "gpu_cache_usage_perc" not in text
+    geometry = await sim(model="m", kv_blocks=192, block_size=32)
+    _, text = await geometry.get("/metrics")
+    assert 'vllm:cache_config_info{block_size="32",engine="0",num_gpu_blocks="192"} 1.0' in text
+    assert 'vllm:num_preemptions_total{engine="0",model_name="m"} 0.0' in text
     legacy = await sim(model="m", legacy_metrics=True)
     _, text = await legacy.get("/metrics")
     assert 'vllm:gpu_cache_usage_perc{model_name="m"} 0.0' in text
     assert "vllm:kv_cache_usage_perc" not in text
+    assert "vllm:cache_config_info" not in text
 
 
 async def test_completions_and_embeddings(sim: SimFactory) -> None:

@@ -58,7 +58,7 @@ def both_arms(
     out = tmp_path_factory.mktemp("soak") / "run"
     return soak(out, "--target", proxy.url, "--compare", engine.url,
                 "--conversations", str(CONVERSATIONS), "--turns", str(TURNS),
-                "--turn-tokens", "60", "--max-tokens", "16", "--max-kv-usage", "1")  # fmt: skip
+                "--turn-tokens", "60", "--max-tokens", "32", "--max-kv-usage", "1")  # fmt: skip
 
 
 def test_writes_every_file_with_the_summary_fields(both_arms: Soak) -> None:
@@ -87,7 +87,7 @@ def test_records_and_samples(both_arms: Soak) -> None:
     assert len(rows) == 2 * CONVERSATIONS * TURNS
     for row in rows:
         assert row["status"] == 200 and row["error"] is None
-        assert row["usage_prompt_tokens"] > 0 and row["completion_tokens"] == 16
+        assert row["usage_prompt_tokens"] > 0 and row["completion_tokens"] == 32
         assert row["ttft_seconds"] is not None and row["ttft_seconds"] <= row["latency_seconds"]
     # What the engine counted is what the proxy says it forwarded.
     for row in both_arms.requests("target"):

@@ -68,7 +68,7 @@ class SimUpstream:
 
     def requests(self, path: str | None = None) -> list[dict[str, Any]]:
         """Recorded requests, oldest first; each has method, path, headers, body
-        (text), json, status, stream, prompt_tokens, disconnected, times."""
+        (text), json, status, stream, prompt_tokens, disconnected, times, raw_path."""
         params = {"path": path} if path else None
         result: list[dict[str, Any]] = self._check(self._http.get("/_sim/requests", params=params))
         return result

@@ -18,8 +18,17 @@ real KV pressure, preemption and queueing happen within seconds.
 Nothing here reaches outside loopback: the server binds 127.0.0.1 and every vLLM process
 runs with HF_HUB_OFFLINE/TRANSFORMERS_OFFLINE and usage stats off.
 
-Timings on the development machine (2 shared cores, warm pip cache), ``scripts/vllm_env.sh``:
-TIMINGS_PLACEHOLDER
+Timings on the development machine (2 cores shared with other test runs; load average
+in brackets), measured with ``scripts/vllm_env.sh`` and the e2e fixture:
+
+* venv, warm pip cache: 153 s [~5] to 171 s [~17] (venv 4 s, torch 27-45 s, the
+  pins 109-113 s, import check 10-12 s); cold pip cache (every wheel downloaded):
+  593 s [~25] — CI starts it in the background (scripts/test.sh).
+* tiny model: 6-8 s.
+* engine start to ``/health``: 45 s [~5] with ``--enforce-eager`` (the default here),
+  128-165 s [8-28]; compiled, 60 s [~2] and 179-381 s [19-28], of which torch.compile
+  is about 85 s.
+* tests/e2e/test_vllm.py: 166 s in all, the engine's start included [~5].
 """
 
 from __future__ import annotations
@@ -36,7 +45,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -65,6 +74,33 @@ __all__ = [
 TORCH_PIN = "torch==2.13.0"
 REQUIREMENTS = Path(__file__).with_name("vllm-requirements.txt")
 _MARKER = "trimproxy-pins.txt"
+
+# vLLM 0.32's --api-key guards only /v1/* (and /v2, /inference, /cohere): /tokenize and
+# /metrics stay open, so a proxy that forgot the key there would go unnoticed. This ASGI
+# middleware (loaded with --middleware) asks for the key on every path but /health while
+# its flag file exists, as an ingress that guards the whole server would.
+_GUARD_MODULE = "trimproxy_key_guard"
+_GUARD_SOURCE = """\
+import os
+
+from starlette.responses import JSONResponse
+
+FLAG = os.environ["TRIMPROXY_VLLM_GUARD_FLAG"]
+EXPECTED = ("Bearer " + os.environ["TRIMPROXY_VLLM_GUARD_KEY"]).encode()
+
+
+class Guard:
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"] != "/health" and os.path.exists(FLAG):
+            if dict(scope["headers"]).get(b"authorization") != EXPECTED:
+                response = JSONResponse({"error": "Unauthorized"}, status_code=401)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+"""
 
 
 # --------------------------------------------------------------------------- venv
@@ -233,8 +269,12 @@ class VllmStack:
     ``kv_blocks`` overrides the number of KV blocks (``--num-gpu-blocks-override``);
     ``None`` lets vLLM size the cache from ``kv_cache_space_gib``
     (``VLLM_CPU_KVCACHE_SPACE``). ``api_key`` starts the server with ``--api-key``:
-    ``/v1/*`` then needs it (``/health`` and ``/metrics`` stay open). ``env`` adds to
-    (and overrides) the server's environment.
+    ``/v1/*`` then needs it (vLLM 0.32 leaves ``/health``, ``/metrics`` and ``/tokenize``
+    open; inside ``key_on_every_path()`` they need it too). ``enforce_eager`` (the
+    default) skips torch.compile of the model, which is most of a compiled start (about
+    85 s of it on 2 busy cores) and changes nothing the proxy can see: scheduler, KV
+    cache, prefix cache and API server are the same.
+    ``env`` adds to (and overrides) the server's environment.
     """
 
     def __init__(
@@ -247,6 +287,7 @@ class VllmStack:
         kv_cache_space_gib: float = 1,
         max_model_len: int | None = None,
         api_key: str | None = None,
+        enforce_eager: bool = True,
         extra_args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
         startup_timeout: float = 600,
@@ -258,6 +299,7 @@ class VllmStack:
         self.kv_cache_space_gib = kv_cache_space_gib
         self.max_model_len = max_model_len
         self.api_key = api_key
+        self.enforce_eager = enforce_eager
         self.extra_args = tuple(extra_args)
         self.extra_env = dict(env or {})
         self.startup_timeout = startup_timeout
@@ -326,7 +368,9 @@ class VllmStack:
         if self.max_model_len is not None:
             argv += ["--max-model-len", str(self.max_model_len)]
         if self.api_key is not None:
-            argv += ["--api-key", self.api_key]
+            argv += ["--api-key", self.api_key, "--middleware", f"{_GUARD_MODULE}.Guard"]
+        if self.enforce_eager:
+            argv.append("--enforce-eager")
         return [*argv, *self.extra_args]
 
     def server_env(self) -> dict[str, str]:
@@ -362,6 +406,13 @@ class VllmStack:
         env = self.server_env()
         # Caches vLLM writes (compiled kernels, config) stay in the test's folder.
         env.setdefault("VLLM_CACHE_ROOT", str(workdir / "vllm-cache"))
+        if self.api_key is not None:
+            (workdir / f"{_GUARD_MODULE}.py").write_text(_GUARD_SOURCE)
+            env.update(
+                PYTHONPATH=str(workdir),
+                TRIMPROXY_VLLM_GUARD_FLAG=str(self._guard_flag(workdir)),
+                TRIMPROXY_VLLM_GUARD_KEY=self.api_key,
+            )
         self.proc = start_process("vllm", self.argv(python), log=self.log, env=env, cwd=workdir)
         watched = [("vllm", self.proc, self.log)]
         wait_for_http(f"{self.base_url}/health", timeout=self.startup_timeout, procs=watched)
@@ -376,6 +427,23 @@ class VllmStack:
         if self._tmp is not None and not os.environ.get("TRIMPROXY_KEEP_VLLM_LOGS"):
             self._tmp.cleanup()
             self._tmp = None
+
+    @staticmethod
+    def _guard_flag(workdir: Path) -> Path:
+        return workdir / "key-on-every-path"
+
+    @contextlib.contextmanager
+    def key_on_every_path(self) -> Iterator[None]:
+        """While inside, the server asks for the API key on every path but ``/health``
+        (``/tokenize`` and ``/metrics`` included), not only on ``/v1/*``."""
+        if self.api_key is None or self._tmp is None:
+            raise StackError("key_on_every_path needs a running server with an api_key")
+        flag = self._guard_flag(Path(self._tmp.name))
+        flag.touch()
+        try:
+            yield
+        finally:
+            flag.unlink(missing_ok=True)
 
     # --- introspection for tests
 

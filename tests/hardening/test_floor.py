@@ -1,0 +1,84 @@
+"""The cheap floor of item 11 is a floor: never above what the counters count.
+
+If it were, a request that fits would be refused. Checked by property against the
+tiny model's own tokenizer (``hf``) and ``approx`` on text built from words,
+whitespace runs, non-Latin scripts and special-token look-alikes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proxy.floor import max_token_chars, prompt_floor
+from proxy.tokens.approx import ApproxCounter
+from proxy.tokens.hf import HFCounter
+from proxy.types import Message
+from tests.support.tiny_model import build_tokenizer
+
+_pieces = st.sampled_from(
+    ["lorem", "ipsum", " ", "  ", "\n", "\t", "\u4e2d\u6587", "caf\u00e9", "0123456789",
+     "<|im_start|>", "<|im_end|>", "\u0301", "\ufb01", "!!!", "a" * 40, "\U0001f600"]
+)  # fmt: skip
+texts = st.lists(_pieces, max_size=60).map("".join)
+conversations = st.lists(
+    st.tuples(st.sampled_from(["system", "user", "assistant"]), texts), min_size=1, max_size=5
+)
+
+
+@pytest.fixture(scope="module")
+def hf_counter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HFCounter]:
+    spec = str(build_tokenizer(tmp_path_factory.mktemp("tiny")))
+    loop = asyncio.new_event_loop()
+    counter = loop.run_until_complete(HFCounter.load(spec))
+    yield counter
+    loop.run_until_complete(counter.aclose())
+    loop.close()
+
+
+def as_messages(pairs: list[tuple[str, str]]) -> list[Message]:
+    return [{"role": role, "content": text} for role, text in pairs]
+
+
+@settings(max_examples=150, deadline=None)
+@given(conversations)
+def test_floor_never_exceeds_the_hf_count(
+    hf_counter: HFCounter, pairs: list[tuple[str, str]]
+) -> None:
+    messages = as_messages(pairs)
+    longest = max_token_chars(hf_counter)
+    assert longest is not None
+    counted = asyncio.run(hf_counter.count(messages)).total
+    assert prompt_floor(messages, longest) <= counted
+
+
+@settings(max_examples=150, deadline=None)
+@given(conversations)
+def test_floor_never_exceeds_the_approx_count(pairs: list[tuple[str, str]]) -> None:
+    counter = ApproxCounter()
+    messages = as_messages(pairs)
+    longest = max_token_chars(counter)
+    assert longest is not None
+    counted = asyncio.run(counter.count(messages)).total
+    assert prompt_floor(messages, longest) <= counted
+
+
+def test_floor_of_a_huge_message_is_far_over_any_window(hf_counter: HFCounter) -> None:
+    longest = max_token_chars(hf_counter)
+    assert longest is not None
+    huge: list[Message] = [{"role": "user", "content": "lorem ipsum dolor " * (6 << 16)}]
+    assert prompt_floor(huge, longest) > 131072
+
+
+def test_floor_counts_only_what_trimming_must_keep() -> None:
+    messages: list[Message] = [
+        {"role": "system", "content": "s" * 80},
+        {"role": "user", "content": "old " * 10_000},
+        {"role": "assistant", "content": "x" * 10_000},
+        {"role": "user", "content": "q" * 160},
+    ]
+    assert prompt_floor(messages, 10) == (80 + 160) // 20
