@@ -9,6 +9,7 @@ non-streaming and streaming, against:
 * ``trimproxy-hf``  ``TRIMPROXY_TOKENIZER=hf:<the test suite's tiny chat tokenizer>``,
   nothing trimmed
 * ``trimproxy-hf-trim`` the same, trimming every request
+* ``trimproxy-base`` ``trimproxy`` from another checkout (``--baseline DIR``): before/after
 * ``floor``        a bare FastAPI + aiohttp-client passthrough (``floor_fastapi_aiohttp.py``)
 * ``floor-aiohttp`` a bare aiohttp-server + aiohttp-client passthrough (``floor_aiohttp.py``):
   the cheapest Python proxy, so ``/aio`` says how far from the Python limit a target is
@@ -60,6 +61,7 @@ ALL_TARGETS = (
     "trimproxy-trim",
     "trimproxy-hf",
     "trimproxy-hf-trim",
+    "trimproxy-base",
     "floor",
     "floor-aiohttp",
     "naive",
@@ -184,7 +186,7 @@ def hf_tokenizer(workdir: Path) -> Path:
     return build_tokenizer(workdir / "tokenizer")
 
 
-def start_target(name: str, sim: Server, workdir: Path) -> Server:
+def start_target(name: str, sim: Server, workdir: Path, baseline: Path | None = None) -> Server:
     port = _free_port()
     if name.startswith("trimproxy"):
         tokenizer = f"hf:{hf_tokenizer(workdir)}" if "-hf" in name else "approx"
@@ -197,7 +199,12 @@ def start_target(name: str, sim: Server, workdir: Path) -> Server:
             settings["TRIMPROXY_MAX_PROMPT_TOKENS"] = str(TRIM_BUDGET)
         args = [sys.executable, "-m", "proxy.cli", "serve", "--host", "127.0.0.1",
                 "--port", str(port)]  # fmt: skip
-        server = _spawn(name, args, workdir, _env(settings))
+        env = _env(settings)
+        if name == "trimproxy-base":
+            if baseline is None:
+                raise SystemExit("target trimproxy-base needs --baseline DIR")
+            env["PYTHONPATH"] = os.pathsep.join((str(baseline.resolve()), env["PYTHONPATH"]))
+        server = _spawn(name, args, workdir, env)
     else:
         script = FLOOR_SCRIPTS[name]
         args = [sys.executable, str(BENCH / script), "--port", str(port), "--upstream", sim.url]
@@ -446,6 +453,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--modes", default="plain,stream", help="plain,stream")
     parser.add_argument("--json", type=Path, default=RESULTS, help=f"[{RESULTS}]")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="another checkout's root, for the trimproxy-base target",
+    )
     args = parser.parse_args(argv)  # fmt: skip
 
     if shutil.which("wrk") is None:
@@ -495,7 +508,9 @@ def main(argv: list[str] | None = None) -> int:
         # All targets up at once (idle ones cost nothing), then every (mode, c) cell is
         # measured for each target back to back: drift on a shared box hits all alike.
         for name in targets:
-            servers[name] = None if name == "direct" else start_target(name, sim, workdir)
+            servers[name] = (
+                None if name == "direct" else start_target(name, sim, workdir, args.baseline)
+            )
         for name, server in servers.items():
             url = sim.url if server is None else server.url
             if name.startswith("trimproxy"):

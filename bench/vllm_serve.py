@@ -61,6 +61,7 @@ _CLIENT = (
     "main(parser.parse_args(sys.argv[1:]))\n"
 )
 METRICS = ("request_throughput", "median_itl_ms", "median_ttft_ms", "output_throughput")
+_KEPT = (*METRICS, "completed", "failed", "p99_itl_ms", "p99_ttft_ms")
 
 
 def run_client(
@@ -93,8 +94,19 @@ def run_client(
         raise SystemExit(f"vllm bench serve failed ({done.returncode}):\n{done.stderr[-4000:]}")
     result: dict[str, Any] = json.loads((workdir / name).read_text())
     if result.get("completed", 0) != prompts:
-        raise SystemExit(f"only {result.get('completed')} of {prompts} requests completed")
+        print(f"warning: {result.get('failed')} of {prompts} requests failed", flush=True)
     return result
+
+
+def _show_failures(log: str) -> None:
+    """The proxy's access lines for answers that were not 200, and its warnings."""
+    shown = 0
+    for line in log.splitlines():
+        if ('"status":200' not in line and '"path":"/v1/chat' in line) or '"warning"' in line:
+            print(f"proxy: {line[:400]}")
+            shown += 1
+            if shown >= 10:
+                break
 
 
 def _ratios(direct: dict[str, Any], proxied: dict[str, Any]) -> dict[str, float]:
@@ -141,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
                                     args.concurrency, seed, workdir)  # fmt: skip
                 row = {"arm": arm, "seed": seed, "warmup": warm, "load_before": load,
                        "wall_s": time.monotonic() - began,
-                       **{m: result.get(m) for m in METRICS}}  # fmt: skip
+                       **{m: result.get(m) for m in _KEPT}}  # fmt: skip
                 runs.append(row)
                 print(json.dumps(row), flush=True)
 
@@ -157,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 if baseline is not None:
                     baseline.stop()
+                _show_failures(proxy.logs())
 
     measured = [r for r in runs if not r["warmup"]]
     # Each round is straight, trimproxy[, baseline]: every proxy run against the straight

@@ -3,7 +3,8 @@
 ``watch_disconnect`` starts watching when the request is forwarded
 (``routes.open_upstream``, right before ``Upstream.forward``), after the body has
 been read and prepared; a client that left while its prompt was counted is noticed
-at once then. From there on a disconnect cancels the wait for the answer's head,
+within ``WATCH_DELAY`` (0.1 s: answers that come sooner never start a watcher task).
+From there on a disconnect cancels the wait for the answer's head,
 and ``Relay`` goes on watching while it pumps the body, closing the upstream
 connection at once when the client goes, which is what makes vLLM abort the
 request and free its KV blocks.
@@ -284,17 +285,45 @@ class CancelOnDisconnect:
         return False
 
 
-def watch_disconnect(receive: Receive) -> asyncio.Future[None]:
-    """A task that completes when the client disconnects; call once the body is read.
+#: Seconds before a request's client is watched. An answer that comes sooner (a
+#: non-streamed one from a fast engine) never pays for a watcher task, which costs
+#: about as much as the rest of the relay; a client that leaves is still noticed
+#: within this delay (well inside the 1.5 s that frees vLLM's KV blocks in time).
+WATCH_DELAY = 0.1
+
+
+def watch_disconnect(receive: Receive, delay: float = WATCH_DELAY) -> asyncio.Future[None]:
+    """A future that completes when the client disconnects; call once the body is read.
 
     The caller owns it: it is handed to ``Upstream.forward`` and then to ``Relay``,
-    which cancels it at the end; on an error in between the caller cancels it.
+    which cancels it at the end; on an error in between the caller cancels it. The
+    task that waits on ``receive`` starts ``delay`` seconds later, unless the future is
+    done by then; cancelling the future stops the timer and the task.
     """
-    return asyncio.ensure_future(_wait_disconnect(receive))
+    loop = asyncio.get_running_loop()
+    gone: asyncio.Future[None] = loop.create_future()
+    watcher: list[asyncio.Task[None]] = []
+
+    def start() -> None:
+        if not gone.done():
+            watcher.append(loop.create_task(_wait_disconnect(receive, gone)))
+
+    timer = loop.call_later(delay, start)
+
+    def stop(_: asyncio.Future[None]) -> None:
+        timer.cancel()
+        for task in watcher:
+            task.cancel()
+
+    gone.add_done_callback(stop)
+    return gone
 
 
-async def _wait_disconnect(receive: Receive) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return
+async def _wait_disconnect(receive: Receive, gone: asyncio.Future[None]) -> None:
+    try:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+    except Exception:  # a client we cannot hear from is gone all the same
+        log.debug("receive failed while watching for a disconnect", exc_info=True)
+    if not gone.done():
+        gone.set_result(None)

@@ -29,19 +29,15 @@ from proxy.admission.capacity import EngineCache, parse_cache_config
 from proxy.metrics import Metrics, multiprocess_dir
 from proxy.settings import Settings
 from proxy.upstream import Upstream, UpstreamCallFailed
+from proxy.vllm_metrics import KV_USAGE_NAMES, RUNNING, WAITING, line_prefixes, selected
 
 log = logging.getLogger("trimproxy.scrape")
 
-KV_NAMES = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
-RUNNING = "vllm:num_requests_running"
-WAITING = "vllm:num_requests_waiting"
+KV_NAMES = KV_USAGE_NAMES
 _WANTED = (*KV_NAMES, RUNNING, WAITING)
-# vLLM's /metrics runs to hundreds of KB of histograms; only the lines of these four
-# families are handed to the (pure-Python) parser, so a scrape costs the event loop
-# a string scan rather than milliseconds of parsing.
-_LINE_PREFIXES = tuple(
-    p for n in _WANTED for p in (f"{n}{{", f"{n} ", f"# TYPE {n} ", f"# HELP {n} ")
-)
+# Only these four families reach the parser: a scrape costs the event loop a string
+# scan rather than milliseconds of parsing (see proxy/vllm_metrics.py).
+_LINE_PREFIXES = line_prefixes(_WANTED)
 _MAX_BODY = 16 << 20
 _MAX_BACKOFF = 60.0
 # A worker that does not scrape still reads the engine's KV capacity for its own
@@ -65,9 +61,8 @@ def parse_stats(text: str) -> UpstreamStats:
     KV usage is the maximum (the fullest engine is the one that preempts first);
     request counts are summed.
     """
-    kept = "\n".join(line for line in text.splitlines() if line.startswith(_LINE_PREFIXES))
     values: dict[str, list[float]] = {}
-    for family in text_string_to_metric_families(kept + "\n"):
+    for family in text_string_to_metric_families(selected(text, _LINE_PREFIXES)):
         for sample in family.samples:
             if sample.name in _WANTED and not math.isnan(sample.value):
                 values.setdefault(sample.name, []).append(sample.value)

@@ -16,12 +16,9 @@ so that reservations can be rounded up to whole blocks, the unit vLLM allocates 
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 
-CACHE_CONFIG_INFO = "vllm:cache_config_info"
-
-_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
+from proxy.vllm_metrics import cache_config_labels
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,17 +49,13 @@ class EngineCache:
 def parse_cache_config(text: str) -> EngineCache | None:
     """The engine's KV-cache size from a ``/metrics`` body; None when it says nothing.
 
-    A line scan rather than the Prometheus parser: the info gauge's labels are what
-    is wanted, and the body can be hundreds of KB of histograms.
+    The labels come from ``vllm_metrics.cache_config_labels`` (a line scan: the body
+    can be hundreds of KB of histograms).
     """
     total = 0
     block = 0
     found = False
-    prefix = CACHE_CONFIG_INFO + "{"
-    for line in text.splitlines():
-        if not line.startswith(prefix):
-            continue
-        labels = dict(_LABEL.findall(line[len(prefix) : line.rfind("}")]))
+    for labels in cache_config_labels(text):
         size = _positive_int(labels.get("block_size"))
         tokens = _positive_int(labels.get("kv_cache_size_tokens"))
         if tokens is None:

@@ -14,13 +14,12 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from proxy.plan.config import ConfigError
+from proxy.vllm_metrics import CACHE_CONFIG_INFO, cache_config_labels
 
 __all__ = ["EngineFigures", "fetch_engine", "parse_cache_config", "parse_models"]
 
-CACHE_INFO = "vllm:cache_config_info"
+CACHE_INFO = CACHE_CONFIG_INFO
 
 
 @dataclass(frozen=True)
@@ -48,10 +47,9 @@ def _label_int(labels: dict[str, str], name: str) -> int | None:
 
 def parse_cache_config(text: str) -> dict[str, str]:
     """The labels of the first ``vllm:cache_config_info`` sample in a scrape."""
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == CACHE_INFO or sample.name.startswith(CACHE_INFO):
-                return dict(sample.labels)
+    engines = cache_config_labels(text)
+    if engines:
+        return engines[0]
     raise ConfigError(CACHE_INFO, "not in the engine's /metrics (is it a vLLM server?)")
 
 

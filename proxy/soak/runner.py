@@ -27,8 +27,9 @@ from proxy.soak.discovery import (
 from proxy.soak.driver import ArmDriver
 from proxy.soak.options import SAMPLE_INTERVAL, Arm, SoakOptions
 from proxy.soak.records import RequestRecord, Sample
-from proxy.soak.sampler import RUNNING, WAITING, EngineReading, EngineSampler
+from proxy.soak.sampler import EngineReading, EngineSampler
 from proxy.soak.summary import arm_summary, verdict
+from proxy.vllm_metrics import RUNNING, WAITING
 
 #: Longest wait for the engine to drain between arms, seconds.
 IDLE_TIMEOUT = 120.0

@@ -24,17 +24,24 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.soak.options import SAMPLE_INTERVAL
 from proxy.soak.records import Sample
+from proxy.vllm_metrics import (
+    CACHE_CONFIG_INFO,
+    KV_USAGE_NAMES,
+    PREEMPTIONS,
+    PREFIX_HITS,
+    PREFIX_QUERIES,
+    RUNNING,
+    WAITING,
+    cache_config_labels,
+    line_prefixes,
+    selected,
+)
 
-KV_NAMES = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
-RUNNING = "vllm:num_requests_running"
-WAITING = "vllm:num_requests_waiting"
-PREEMPTIONS = "vllm:num_preemptions_total"
-PREFIX_HITS = "vllm:prefix_cache_hits_total"
-PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
-CACHE_CONFIG = "vllm:cache_config_info"
+KV_NAMES = KV_USAGE_NAMES
+CACHE_CONFIG = CACHE_CONFIG_INFO
 _SUMMED = (RUNNING, WAITING, PREEMPTIONS, PREFIX_HITS, PREFIX_QUERIES)
-_WANTED = (*KV_NAMES, *_SUMMED, CACHE_CONFIG)
-_PREFIXES = tuple(p for name in _WANTED for p in (f"{name}{{", f"{name} "))
+_WANTED = (*KV_NAMES, *_SUMMED)
+_PREFIXES = line_prefixes(_WANTED)
 _NVIDIA_SMI = ("--query-gpu=memory.used", "--format=csv,noheader,nounits")
 
 
@@ -50,18 +57,15 @@ class EngineReading:
 
 
 def parse_engine_metrics(text: str) -> EngineReading:
-    kept = "\n".join(line for line in text.splitlines() if line.startswith(_PREFIXES))
     found: dict[str, list[float]] = {}
-    cache_config: dict[str, str] | None = None
-    for family in text_string_to_metric_families(kept + "\n"):
+    for family in text_string_to_metric_families(selected(text, _PREFIXES)):
         for sample in family.samples:
-            if sample.name == CACHE_CONFIG:
-                cache_config = cache_config or dict(sample.labels)
-            elif sample.name in _WANTED and not math.isnan(sample.value):
+            if sample.name in _WANTED and not math.isnan(sample.value):
                 found.setdefault(sample.name, []).append(sample.value)
     kv = next((max(found[n]) for n in KV_NAMES if n in found), None)
     values = {name: sum(found[name]) for name in _SUMMED if name in found}
-    return EngineReading(kv, values, cache_config)
+    engines = cache_config_labels(text)
+    return EngineReading(kv, values, engines[0] if engines else None)
 
 
 def parse_nvidia_smi(output: str) -> list[float] | None:

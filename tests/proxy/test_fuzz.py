@@ -16,7 +16,7 @@ import http.client
 import json
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -127,6 +127,11 @@ def assert_upstream_saw_only_v1(sim: SimUpstream) -> list[dict[str, Any]]:
     for record in records:
         target = record["raw_path"].partition("?")[0]
         assert target.startswith("/v1/") or target in FORWARDED_EXACT, target
+        # Nothing an upstream (or a server in front of it) could resolve elsewhere:
+        # no dot segments, encoded or not, no empty segments, no encoded slashes.
+        segments = [unquote(s) for s in target.split("/")[1:]]
+        assert not {".", "..", ""} & set(segments), target
+        assert "%2f" not in target.lower() and "%5c" not in target.lower(), target
         assert record["path"] == target or "%" in target
     return records
 

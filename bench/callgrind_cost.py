@@ -1,0 +1,125 @@
+"""Instructions per request of each proxy, under callgrind: a cost that does not drift.
+
+Wall-clock cells on a shared 2-core machine move by tens of percent with the load;
+the instructions a process executes per request hardly move at all. Each target of
+``bench/overhead.py`` (the sim as upstream, the same 20-message body) is started under
+``valgrind --tool=callgrind``, warmed with ``--warmup`` requests, and then sent
+``--requests`` more at ``-c`` concurrency by an aiohttp client outside valgrind; the
+counters are dumped before and after (``callgrind_control -d``), so start-up is not
+counted. Prints Ir (instructions) per request and the ratio to ``floor``.
+
+    .venv/bin/python bench/callgrind_cost.py                       # ~8 min: 3 targets
+    .venv/bin/python bench/callgrind_cost.py --targets trimproxy,floor --requests 200
+
+Needs valgrind (``apt-get install valgrind``); a target starts in 1-2 minutes under it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench import overhead  # noqa: E402
+
+
+async def _load(url: str, body: bytes, count: int, concurrency: int) -> None:
+    import aiohttp
+
+    slots = asyncio.Semaphore(concurrency)
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def one() -> None:
+            headers = {"content-type": "application/json"}
+            chat = url + overhead.CHAT_PATH
+            async with slots, session.post(chat, data=body, headers=headers) as response:
+                await response.read()
+                if response.status != 200:
+                    raise SystemExit(f"{url} answered {response.status}")
+
+        await asyncio.gather(*(one() for _ in range(count)))
+
+
+def instructions_per_request(
+    name: str, sim: overhead.Server, workdir: Path, body: bytes, args: argparse.Namespace
+) -> float:
+    out = workdir / f"{name}.callgrind"
+    spawn = overhead._spawn
+
+    def under_valgrind(
+        name: str, args: list[str], workdir: Path, env: dict[str, str]
+    ) -> overhead.Server:
+        wrapped = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}.%p", *args]
+        return spawn(name, wrapped, workdir, env)
+
+    overhead._spawn = under_valgrind
+    wait = overhead._wait_http
+    overhead._wait_http = lambda server, path, timeout=30.0: wait(server, path, 900.0)
+    try:
+        server = overhead.start_target(name, sim, workdir, args.baseline)
+    finally:
+        overhead._spawn, overhead._wait_http = spawn, wait
+    dump = ["callgrind_control", "-d", str(server.pid)]  # writes a part, zeroes the counters
+    try:
+        asyncio.run(_load(server.url, body, args.warmup, args.connections))
+        subprocess.run(dump, check=True, capture_output=True)
+        asyncio.run(_load(server.url, body, args.requests, args.connections))
+        subprocess.run(dump, check=True, capture_output=True)
+    finally:
+        server.stop()
+    parts = sorted(glob.glob(f"{out}.{server.pid}.*"), key=os.path.getmtime)
+    text = Path(parts[-1]).read_text(errors="replace")
+    total = re.search(r"^(?:summary|totals):\s+(\d+)", text, re.M)
+    if total is None:
+        raise SystemExit(f"no totals in {parts[-1]}")
+    requests: int = args.requests
+    return int(total.group(1)) / requests
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--targets", default="trimproxy,floor,floor-aiohttp")
+    parser.add_argument("--requests", type=int, default=400, help="measured requests [400]")
+    parser.add_argument("--warmup", type=int, default=64, help="requests before [64]")
+    parser.add_argument("-c", "--connections", type=int, default=16, help="concurrency [16]")
+    parser.add_argument("--stream", action="store_true", help="the streamed body instead")
+    parser.add_argument("--baseline", type=Path, default=None, help="for trimproxy-base")
+    args = parser.parse_args(argv)
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        print("bench/callgrind_cost.py needs valgrind (apt-get install valgrind)", file=sys.stderr)
+        return 2
+    targets = [t for t in args.targets.split(",") if t and t != "direct"]
+    workdir = Path(tempfile.mkdtemp(prefix="trimproxy-callgrind-"))
+    body = overhead.chat_body(args.stream)
+    sim = overhead.start_sim(workdir)
+    costs: dict[str, float] = {}
+    try:
+        for name in targets:
+            costs[name] = instructions_per_request(name, sim, workdir, body, args)
+            print(f"  {name:<18}{costs[name]:>12,.0f} Ir/request", flush=True)
+    finally:
+        sim.stop()
+    floor = costs.get(overhead.FLOOR)
+    mode = "streamed" if args.stream else "non-streamed"
+    print(f"\n{mode}, c={args.connections}, {args.requests} requests after {args.warmup}:")
+    for name, cost in costs.items():
+        ratio = f"{cost / floor:.2f}x floor" if floor else ""
+        print(f"{name:<18}{cost:>12,.0f} Ir/request  {ratio}")
+    shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
