@@ -41,7 +41,7 @@ import aiohttp  # noqa: E402
 from bench.sessions import commandstats, cpu_seconds, pct, start_proxy, start_sim  # noqa: E402
 from proxy.admission import Capacity, MemoryLedger  # noqa: E402
 from proxy.admission.redis_ledger import RedisLedger  # noqa: E402
-from tests.sessions.redis_server import REDIS_BIN, RedisServer  # noqa: E402
+from tests.support.redis_server import REDIS_BIN, RedisServer  # noqa: E402
 
 TARGETS = ("off", "memory", "redis")
 # Commands a Lua script runs inside Redis: counted by commandstats, but no round trip.

@@ -233,7 +233,7 @@ def serve(args: argparse.Namespace) -> int:
         if settings.workers == 1:
             from proxy.app import create_app
 
-            _run_uvicorn(settings, create_app(settings, freeze_heap=True))
+            _run_uvicorn(settings, create_app(settings))
             return 0
         # Several workers: each builds its app from the environment, so the flags
         # travel there.

@@ -291,6 +291,7 @@ class ModelSeries:
 
     __slots__ = (
         "_trim_events",
+        "_trim_reasons",
         "estimate_error",
         "label",
         "prompt_forwarded",
@@ -307,9 +308,14 @@ class ModelSeries:
         self.trimmed_tokens = metrics.trimmed_tokens.labels(label)
         self.estimate_error = metrics.estimate_error.labels(label)
         self._trim_events = metrics.trim_events
+        self._trim_reasons: dict[str, Any] = {}
 
     def trim_event(self, reason: str) -> None:
-        self._trim_events.labels(reason, self.label).inc()
+        # One child per reason (budget, max_turns, session), resolved on first use.
+        child = self._trim_reasons.get(reason)
+        if child is None:
+            child = self._trim_reasons[reason] = self._trim_events.labels(reason, self.label)
+        child.inc()
 
 
 def _version() -> str:

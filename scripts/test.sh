@@ -27,9 +27,11 @@ fi
 # The real vLLM engine (tests/e2e/test_vllm.py) needs its own venv, minutes to build:
 # build it while lint, type checks and the other tests run. The tests' fixture waits
 # for it (a file lock), rebuilds what is missing, and fails loudly if it cannot.
-mkdir -p .cache
-echo "== building the vLLM venv in the background (log: .cache/vllm-env.log)"
-PYTHON=.venv/bin/python bash scripts/vllm_env.sh >.cache/vllm-env.log 2>&1 &
+if [ "${TRIMPROXY_SKIP_VLLM:-}" != "1" ]; then
+  mkdir -p .cache
+  echo "== building the vLLM venv in the background (log: .cache/vllm-env.log)"
+  PYTHON=.venv/bin/python bash scripts/vllm_env.sh >.cache/vllm-env.log 2>&1 &
+fi
 
 echo "== ruff"
 .venv/bin/ruff check proxy tests bench scripts

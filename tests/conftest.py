@@ -25,14 +25,17 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import AsyncExitStack
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.support.inprocess import InProcessProxy, running_proxy
 from tests.support.processes import PROXY_START_TIMEOUT, ProxyProcess, StackError
+from tests.support.redis_server import REDIS_BIN, RedisServer
 from tests.support.sim import SimUpstream, start_sim_process, start_sim_thread
 
 StartProxy = Callable[..., ProxyProcess]
@@ -147,3 +150,19 @@ def proxy_server(
     yield start
     for server in started:
         server.stop()
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    """A real ``redis-server`` on a free loopback port, per test (a start is ~20 ms), so
+    no state leaks between tests and a test may stop and restart it on the same port
+    to simulate an outage."""
+    if REDIS_BIN is None:
+        pytest.fail("redis-server is not installed (apt-get install redis-server)")
+    with tempfile.TemporaryDirectory(prefix="trimproxy-redis-") as tmp:
+        server = RedisServer(REDIS_BIN, Path(tmp))
+        server.start()
+        try:
+            yield server
+        finally:
+            server.stop()

@@ -12,7 +12,7 @@ import pytest
 
 from proxy.admission import AdmissionTimeout, Capacity, LedgerUnavailable, MemoryLedger
 from proxy.admission.redis_ledger import ACQUIRE_LUA, RedisLedger
-from tests.sessions.redis_server import RedisServer
+from tests.support.redis_server import RedisServer
 
 pytestmark = pytest.mark.redis
 

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.sessions.helpers import metric_value
-from tests.sessions.redis_server import RedisServer
+from tests.support.redis_server import RedisServer
 from tests.support.processes import ProxyProcess
 from tests.support.sim import SimUpstream
 

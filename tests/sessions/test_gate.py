@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from tests.sessions.helpers import chat_body, conversation, later, metric_value
-from tests.sessions.redis_server import RedisServer
+from tests.support.redis_server import RedisServer
 from tests.support.inprocess import InProcessProxy, StartApp
 from tests.support.sim import SimUpstream
 

@@ -15,7 +15,7 @@ from proxy.sessions.redis_store import RedisStore
 from proxy.sessions.rule import Limits
 from proxy.sessions.store import StoreUnavailable
 from tests.sessions.helpers import conversation
-from tests.sessions.redis_server import RedisServer
+from tests.support.redis_server import RedisServer
 from tests.support.processes import free_port
 
 pytestmark = pytest.mark.redis

@@ -18,7 +18,7 @@ from proxy.sessions.redis_store import KEY_PREFIX, RedisStore
 from proxy.sessions.rule import Decision, Limits
 from proxy.sessions.store import SessionStore
 from tests.sessions.helpers import FakeClock, conversation, later
-from tests.sessions.redis_server import RedisServer
+from tests.support.redis_server import RedisServer
 
 TURNS3 = Limits(max_turns=3, max_age=None, action="reset", idle_ttl=60)
 

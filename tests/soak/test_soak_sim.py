@@ -74,11 +74,13 @@ def test_writes_every_file_with_the_summary_fields(both_arms: Soak) -> None:
         assert summary[arm]["errors_by_status"] == {}
         assert 0 < summary[arm]["kv_usage_peak"] <= 1
         assert summary[arm]["latency_p50_seconds"] > 0
-    # The sim reports its window on /v1/models, but no vllm:cache_config_info.
-    assert summary["engine"] == {"block_size": None, "kv_capacity_tokens": None,
+    # The sim reports its window on /v1/models and its geometry as vLLM V1 does, in
+    # vllm:cache_config_info (96 blocks of 16 tokens: the fixture's small cache).
+    assert summary["engine"] == {"block_size": 16, "kv_capacity_tokens": 1536,
                                  "max_model_len": 4096}  # fmt: skip
-    # The sim has no prefix cache and never preempts: it does not say, so neither do we.
-    assert summary["target"]["preemptions"] is None
+    # The sim queues instead of preempting and says so (a counter at 0); it has no
+    # prefix cache and does not say, so neither do we.
+    assert summary["target"]["preemptions"] == 0
     assert summary["target"]["prefix_cache_hit_ratio"] is None
 
 

@@ -329,8 +329,20 @@ class FastChatStack:
             cwd=workdir,
         )
         watched = [(name, proc, self.logs[name]) for name, proc in self.procs.items()]
-        # Ready = the worker registered with the controller, so the API server lists
-        # the model; then one real completion proves the whole path generates.
+        # Ready = the worker answers on its own port AND the API server lists the model;
+        # then one real completion proves the whole path generates. The listing alone
+        # is not enough: the worker registers with the controller (in ModelWorker's
+        # __init__) before uvicorn binds its port, and when /v1/models' refresh of the
+        # workers runs just before that registration, the model is listed while its
+        # worker still refuses connections, and the first request fails with a 500.
+        wait_for_http(
+            f"{self.worker_url}/worker_get_status",
+            method="POST",
+            body={},
+            timeout=self.startup_timeout,
+            procs=watched,
+            accept=lambda body: self.model_name in body.get("model_names", []),
+        )
         wait_for_http(
             f"{self.api_base}/models",
             timeout=self.startup_timeout,

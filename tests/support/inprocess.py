@@ -20,8 +20,8 @@ import httpx
 import httpx2
 import openai
 from asgi_lifespan import LifespanManager
-from fastapi import FastAPI
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
+from starlette.applications import Starlette
 
 from proxy.app import create_app
 from proxy.metrics import Metrics
@@ -33,7 +33,7 @@ BASE_URL = "http://trimproxy.test"
 
 @dataclass
 class InProcessProxy:
-    app: FastAPI
+    app: Starlette
     settings: Settings
     metrics: Metrics
     client: httpx.AsyncClient

@@ -6,8 +6,8 @@ signals, disconnects, the end-to-end stacks): one set of helpers for all of them
   the repository on ``PYTHONPATH``, unbuffered output, no model hub.
 * ``start_process(name, argv, log=, env=, cwd=)``: a child in its own session (so its
   whole group can be stopped), output to a log file; ``stop_process_group(proc)``.
-* ``wait_for_http(url, timeout=, procs=)``: poll until 200, failing fast with the log
-  tail when one of ``procs`` exits.
+* ``wait_for_http(url, timeout=, procs=, method=, body=)``: poll until 200, failing
+  fast with the log tail when one of ``procs`` exits.
 * ``LoggedProcess``: a child with its log, ``logs()``, ``alive()``, ``stop()``.
 * ``ProxyProcess``: ``python -m proxy.cli serve`` on a free port, started the way
   users start it; a context manager.
@@ -176,8 +176,10 @@ def wait_for_http(
     timeout: float,
     procs: Sequence[tuple[str, subprocess.Popen[bytes], Path]] = (),
     accept: Callable[[Any], bool] | None = None,
+    method: str = "GET",
+    body: Any = None,
 ) -> Any:
-    """Poll GET ``url`` until it answers 200 (and ``accept(body)`` holds).
+    """Poll ``method url`` (JSON ``body``) until it answers 200 (and ``accept(body)`` holds).
 
     Fails fast with the log tail when one of ``procs`` exits meanwhile.
     """
@@ -190,13 +192,13 @@ def wait_for_http(
                     f"{name} exited with {proc.returncode} while waiting for {url}:\n" + tail(log)
                 )
         try:
-            status, body = http_json("GET", url, timeout=2.0)
+            status, answer = http_json(method, url, body, timeout=2.0)
         except (OSError, ValueError) as error:
             last = error
         else:
-            last = (status, body)
-            if status == 200 and (accept is None or accept(body)):
-                return body
+            last = (status, answer)
+            if status == 200 and (accept is None or accept(answer)):
+                return answer
         time.sleep(0.05)
     logs = "".join(f"\n--- {name} ({log}) ---\n{tail(log)}" for name, _, log in procs)
     raise StackError(f"{url} not ready after {timeout:.0f}s (last: {last!r}){logs}")

@@ -1,0 +1,69 @@
+"""The disconnect watcher (``proxy.relay.watch_disconnect``): late start, cheap cancel.
+
+The end-to-end guarantee (a client that leaves frees the upstream within 1.5 s) is
+``test_streaming.test_client_disconnect_closes_the_upstream_at_once``; these pin the
+helper's own contract, which that guarantee rests on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from starlette.types import Message
+
+from proxy.relay import watch_disconnect
+
+
+class FakeReceive:
+    """An ASGI ``receive`` fed by the test; counts the calls."""
+
+    def __init__(self) -> None:
+        self.messages: asyncio.Queue[Message | Exception] = asyncio.Queue()
+        self.calls = 0
+
+    async def __call__(self) -> Message:
+        self.calls += 1
+        item = await self.messages.get()
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+
+async def test_a_disconnect_completes_the_future() -> None:
+    receive = FakeReceive()
+    gone = watch_disconnect(receive, delay=0)
+    receive.messages.put_nowait({"type": "http.request", "body": b"", "more_body": False})
+    receive.messages.put_nowait({"type": "http.disconnect"})
+    await asyncio.wait_for(gone, timeout=30)
+    assert gone.result() is None
+    assert receive.calls == 2
+
+
+async def test_a_watch_cancelled_before_its_delay_never_calls_receive() -> None:
+    receive = FakeReceive()
+    gone = watch_disconnect(receive, delay=60)
+    gone.cancel()
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert gone.cancelled()
+    assert receive.calls == 0
+
+
+async def test_a_receive_that_fails_counts_as_gone() -> None:
+    receive = FakeReceive()
+    gone = watch_disconnect(receive, delay=0)
+    receive.messages.put_nowait(RuntimeError("the server dropped the connection"))
+    await asyncio.wait_for(gone, timeout=30)
+    assert gone.result() is None
+
+
+async def test_cancelling_a_started_watch_stops_its_task() -> None:
+    receive = FakeReceive()
+    gone = watch_disconnect(receive, delay=0)
+    while receive.calls == 0:  # the watcher is waiting in receive()
+        await asyncio.sleep(0)
+    watchers = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    gone.cancel()
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert all(t.done() for t in watchers)
