@@ -49,8 +49,8 @@ from proxy.sessions.memory import MemoryStore  # noqa: E402
 from proxy.sessions.redis_store import RedisStore  # noqa: E402
 from proxy.sessions.rule import Limits  # noqa: E402
 from proxy.sessions.store import SessionStore  # noqa: E402
-from tests.support.redis_server import REDIS_BIN, RedisServer  # noqa: E402
 from tests.support.processes import free_port  # noqa: E402
+from tests.support.redis_server import REDIS_BIN, RedisServer  # noqa: E402
 
 SIM_READY = "trimproxy-sim listening on "  # proxy.sim.cli.READY_PREFIX
 TARGETS = ("none", "memory", "redis")

@@ -3,7 +3,7 @@
 ``watch_disconnect`` starts watching when the request is forwarded
 (``routes.open_upstream``, right before ``Upstream.forward``), after the body has
 been read and prepared; a client that left while its prompt was counted is noticed
-within ``WATCH_DELAY`` (0.1 s: answers that come sooner never start a watcher task).
+as soon as the watcher first asks (after ``WATCH_DELAY``, 0 by default).
 From there on a disconnect cancels the wait for the answer's head,
 and ``Relay`` goes on watching while it pumps the body, closing the upstream
 connection at once when the client goes, which is what makes vLLM abort the
@@ -285,11 +285,10 @@ class CancelOnDisconnect:
         return False
 
 
-#: Seconds before a request's client is watched. An answer that comes sooner (a
-#: non-streamed one from a fast engine) never pays for a watcher task, which costs
-#: about as much as the rest of the relay; a client that leaves is still noticed
-#: within this delay (well inside the 1.5 s that frees vLLM's KV blocks in time).
-WATCH_DELAY = 0.1
+#: Seconds before a request's client is watched. With a delay, an answer that comes
+#: sooner never pays for a watcher task; 0 (start at the next turn of the loop) until a
+#: delay is shown not to slow streams behind a real engine (issue 17: not resolved).
+WATCH_DELAY = 0.0
 
 
 def watch_disconnect(receive: Receive, delay: float = WATCH_DELAY) -> asyncio.Future[None]:

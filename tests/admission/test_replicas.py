@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from tests.sessions.helpers import metric_value
-from tests.support.redis_server import RedisServer
 from tests.support.processes import ProxyProcess
+from tests.support.redis_server import RedisServer
 from tests.support.sim import SimUpstream
 
 pytestmark = pytest.mark.redis

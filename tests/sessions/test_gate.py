@@ -8,8 +8,8 @@ import httpx
 import pytest
 
 from tests.sessions.helpers import chat_body, conversation, later, metric_value
-from tests.support.redis_server import RedisServer
 from tests.support.inprocess import InProcessProxy, StartApp
+from tests.support.redis_server import RedisServer
 from tests.support.sim import SimUpstream
 
 STORES = ["memory", pytest.param("redis", marks=pytest.mark.redis)]

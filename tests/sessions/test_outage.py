@@ -15,8 +15,8 @@ from proxy.sessions.redis_store import RedisStore
 from proxy.sessions.rule import Limits
 from proxy.sessions.store import StoreUnavailable
 from tests.sessions.helpers import conversation
-from tests.support.redis_server import RedisServer
 from tests.support.processes import free_port
+from tests.support.redis_server import RedisServer
 
 pytestmark = pytest.mark.redis
 

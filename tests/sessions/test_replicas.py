@@ -19,9 +19,9 @@ import httpx
 import pytest
 
 from tests.sessions.helpers import chat_body, conversation, metric_value
-from tests.support.redis_server import RedisServer
 from tests.support.inprocess import InProcessProxy, StartApp
 from tests.support.processes import ProxyProcess
+from tests.support.redis_server import RedisServer
 from tests.support.sim import SimUpstream
 
 pytestmark = pytest.mark.redis

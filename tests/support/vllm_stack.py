@@ -487,6 +487,7 @@ class VllmStack:
         slower than ``scrape_timeout`` (busy cores) is dropped and the next one sent."""
         began = time.monotonic()
         metrics = EngineMetrics()
+        dropped = 0
         while True:
             try:
                 status, body = self.get("/metrics", timeout=scrape_timeout)
@@ -494,6 +495,7 @@ class VllmStack:
                 if not isinstance(getattr(error, "reason", error), TimeoutError):
                     raise
                 status, body = 0, b""
+                dropped += 1
             elapsed = time.monotonic() - began
             if status == 200:
                 metrics = EngineMetrics.parse(body.decode())
@@ -505,7 +507,8 @@ class VllmStack:
                 raise StackError(
                     f"vLLM metrics never matched within {timeout:.0f}s: "
                     f"running {metrics.running}, waiting {metrics.waiting}, "
-                    f"kv {metrics.kv_usage}"
+                    f"kv {metrics.kv_usage} ({dropped} scrapes slower than "
+                    f"{scrape_timeout:g}s dropped)"
                 )
             time.sleep(0.02)
 
