@@ -20,7 +20,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -46,6 +46,16 @@ _CAPACITY_EVERY = 60.0
 
 #: Called after each scrape with the engine's cache figures, None when it had none.
 EngineHook = Callable[[EngineCache | None], None]
+Sleep = Callable[[float], Awaitable[None]]
+
+
+def next_delay(previous: float, ok: bool, interval: float) -> float:
+    """Seconds until the next scrape: the interval after a good one; doubled after a
+    failed one (FastChat has no /metrics, a vLLM may be restarting), up to a minute (or
+    the interval, if longer), so a restarted engine is picked up again soon."""
+    if ok:
+        return interval
+    return min(previous * 2, max(_MAX_BACKOFF, interval))
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,8 +94,10 @@ class UpstreamScraper:
         *,
         lock_path: str | None = None,
         on_engine: EngineHook | None = None,
+        sleep: Sleep = asyncio.sleep,
     ) -> None:
         self._upstream = upstream
+        self._sleep = sleep
         self._on_engine = on_engine
         self._capacity_due = 0.0
         self._url = upstream.base_url + "/metrics"
@@ -113,7 +125,6 @@ class UpstreamScraper:
 
     async def _run(self) -> None:
         delay = self._interval
-        cap = max(_MAX_BACKOFF, self._interval)
         while True:
             if self._is_leader():
                 try:
@@ -121,14 +132,12 @@ class UpstreamScraper:
                 except Exception:  # a bug here must not end the scraping for good
                     log.exception("scraping %s failed unexpectedly", self._url)
                     ok = False
-                # Back off while the upstream has nothing to give (FastChat, or down),
-                # up to a minute, so a restarted vLLM is picked up again soon.
-                delay = self._interval if ok else min(delay * 2, cap)
+                delay = next_delay(delay, ok, self._interval)
             else:
                 delay = self._interval  # another worker scrapes; ask for the lock next tick
                 if self._on_engine is not None and time.monotonic() >= self._capacity_due:
                     await self._read_capacity()
-            await asyncio.sleep(delay)
+            await self._sleep(delay)
 
     def _is_leader(self) -> bool:
         if self._lock_path is None or self._lock_fd is not None:

@@ -1,13 +1,11 @@
 """``trimproxy plan --device cpu`` against the real vLLM CPU engine: the same KV cache size.
 
-For three tiny Llamas (multi-head, multi-query, and grouped-query with more layers and
-a ``--max-model-len`` that is not a whole number of blocks), the plan's
+For four tiny Llamas (multi-head, grouped-query, multi-query, and grouped-query with
+more layers and a ``--max-model-len`` that is not a whole number of blocks), the plan's
 ``kv_cache_tokens`` and ``num_blocks`` must equal what the engine itself reports: its
 start-up log line "KV cache size: N tokens" and the ``kv_cache_size_tokens`` /
 ``num_gpu_blocks`` labels of ``vllm:cache_config_info``. One engine start per shape
-(about a minute each on two shared cores), so no shape is here that another already
-covers: a 2-layer grouped-query model (4 heads, 2 KV heads: the same 1,024 B per token
-as "mha") proved nothing "more-layers" (4 heads, 2 KV heads) does not.
+(about half a minute each on two cores).
 """
 
 from __future__ import annotations
@@ -36,6 +34,8 @@ _LOG_LINE = re.compile(r"KV cache size: ([0-9,]+) tokens")
 SHAPES = {
     # 2 layers x 2 KV heads x (64 + 64) x 2 B = 1,024 B per token.
     "mha": (ModelShape(layers=2, hidden=128, heads=2, kv_heads=2, head_dim=64), None),
+    # 2 layers x 2 KV heads (of 4) x 128 x 2 B = 1,024 B per token.
+    "gqa": (ModelShape(layers=2, hidden=128, heads=4, kv_heads=2, head_dim=64), None),
     # The stack's default model: 2 layers x 1 KV head (of 2) x 128 x 2 B = 512 B.
     "mqa": (ModelShape(), None),
     # Grouped-query: 6 layers x 2 KV heads (of 4; a plan that counted the query heads

@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 
 from proxy.metrics import Metrics
-from proxy.scrape import UpstreamScraper, parse_stats
+from proxy.scrape import UpstreamScraper, next_delay, parse_stats
 from proxy.settings import Settings
 from proxy.upstream import Upstream
 
@@ -145,6 +145,47 @@ async def test_unreachable_and_metricless_upstreams(
     assert len([m for m in messages if "has no vllm:kv_cache_usage_perc" in m]) == 1
     assert len([m for m in messages if "failed" in m]) == 1
     assert value(metrics, "trimproxy_upstream_metrics_up") == 0
+
+
+@pytest.mark.parametrize(
+    ("interval", "outcomes", "delays"),
+    [
+        (5.0, [True, True], [5.0, 5.0]),
+        (5.0, [False, False, False, False], [10.0, 20.0, 40.0, 60.0]),  # capped at a minute
+        (5.0, [False, False, True, False], [10.0, 20.0, 5.0, 10.0]),  # a good scrape resets
+        (90.0, [False, False], [90.0, 90.0]),  # never sooner than the interval asks
+    ],
+)
+def test_backoff_doubles_to_a_cap_and_resets(
+    interval: float, outcomes: list[bool], delays: list[float]
+) -> None:
+    delay = interval
+    seen = []
+    for ok in outcomes:
+        delay = next_delay(delay, ok, interval)
+        seen.append(delay)
+    assert seen == delays
+
+
+async def test_background_task_sleeps_the_backoff(upstream: FakeEngine, client: Upstream) -> None:
+    """The loop itself, with the sleep injected: no wall-clock waiting."""
+    upstream.status = 404
+    slept: list[float] = []
+    done = asyncio.Event()
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        if len(slept) == 3:
+            upstream.status = 200  # the engine comes back
+        if len(slept) == 5:
+            done.set()
+        await asyncio.sleep(0)
+
+    scraper = UpstreamScraper(client, Metrics(), 5.0, sleep=sleep)
+    scraper.start()
+    await asyncio.wait_for(done.wait(), timeout=10)
+    await scraper.stop()
+    assert slept[:5] == [10.0, 20.0, 40.0, 5.0, 5.0]
 
 
 async def test_background_task_backs_off_while_the_upstream_has_nothing(
