@@ -53,6 +53,8 @@ class Prepared:
     headers: dict[str, str]
     """Response headers for the client: token counts and the session's headers."""
     session_id: str | None
+    reserve: int = 0
+    """Completion tokens the answer may take: ``max_tokens``, else the default reserve."""
     series: ModelSeries | None = None
     """The request's per-model metric series (the relay observes the estimate error)."""
 
@@ -68,6 +70,19 @@ async def model_series(svc: Services, model: str | None) -> ModelSeries:
     return svc.metrics.for_model(label)
 
 
+def completion_reserve(svc: Services, chat: ChatRequest) -> int:
+    """The answer's share of the window: its ``max_tokens``, else the default reserve."""
+    return chat.max_tokens or svc.settings.default_completion_reserve
+
+
+async def context_window(svc: Services, chat: ChatRequest) -> int | None:
+    """The model's context length: the setting, else what the upstream reports."""
+    window = svc.settings.context_window
+    if window is None and chat.model is not None:
+        window = await svc.windows.get(chat.model)
+    return window
+
+
 async def budget_for(svc: Services, chat: ChatRequest) -> int | None:
     """``min(max_prompt_tokens, context_window - reserve - 1)``; None when unbounded.
 
@@ -76,10 +91,8 @@ async def budget_for(svc: Services, chat: ChatRequest) -> int | None:
     of a prompt that fills the rest exactly. vLLM loses nothing by it.
     """
     settings = svc.settings
-    reserve = chat.max_tokens or settings.default_completion_reserve
-    window = settings.context_window
-    if window is None and chat.model is not None:
-        window = await svc.windows.get(chat.model)
+    reserve = completion_reserve(svc, chat)
+    window = await context_window(svc, chat)
     limits = [settings.max_prompt_tokens] if settings.max_prompt_tokens else []
     if window is not None:
         room = window - reserve - 1
@@ -152,13 +165,10 @@ async def too_long(
 ) -> ContextLengthExceeded:
     """The 400 for ``needed`` prompt tokens that cannot fit, naming the binding limit."""
     settings = svc.settings
-    window = settings.context_window
-    if window is None and chat.model is not None:
-        window = await svc.windows.get(chat.model)
     return context_length_exceeded(
         needed=needed,
-        window=window,
-        reserve=chat.max_tokens or settings.default_completion_reserve,
+        window=await context_window(svc, chat),
+        reserve=completion_reserve(svc, chat),
         reserve_asked=bool(chat.max_tokens),
         max_prompt_tokens=settings.max_prompt_tokens,
         at_least=at_least,
@@ -241,5 +251,6 @@ async def prepare(
         budget=budget,
         headers=headers,
         session_id=facts.session_id,
+        reserve=completion_reserve(svc, chat),
         series=metrics,
     )

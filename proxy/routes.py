@@ -92,9 +92,7 @@ async def chat_completions(request: Request) -> Response:
     reservation: Reservation | None = None
     if svc.admission is not None:
         # The most KV this request can hold: its prompt and its whole completion.
-        tokens = prepared.forwarded_tokens + (
-            chat.max_tokens or svc.settings.default_completion_reserve
-        )
+        tokens = prepared.forwarded_tokens + prepared.reserve
         client_gone = watch_disconnect(request.receive)  # a client may leave the line
         try:
             reservation = await svc.admission.admit_while_connected(tokens, client_gone)
