@@ -27,10 +27,10 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from tests.support.processes import (
+    Stack,
     StackError,
     free_port,
     http_json,
@@ -169,7 +169,7 @@ class StartupTimings:
 
 
 @dataclass
-class FastChatStack:
+class FastChatStack(Stack):
     """Controller + model worker + OpenAI API server serving the tiny model on CPU.
 
     Use as ``with FastChatStack() as stack: ...``; ``stack.base_url`` is the API
@@ -215,22 +215,6 @@ class FastChatStack:
         return f"http://127.0.0.1:{self.worker_port}"
 
     # --- lifecycle
-
-    def __enter__(self) -> FastChatStack:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def start(self) -> None:
         began = time.monotonic()

@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PROXY_START_TIMEOUT = 60.0
@@ -202,6 +202,33 @@ def wait_for_http(
         time.sleep(0.05)
     logs = "".join(f"\n--- {name} ({log}) ---\n{tail(log)}" for name, _, log in procs)
     raise StackError(f"{url} not ready after {timeout:.0f}s (last: {last!r}){logs}")
+
+
+class Stack:
+    """A set of server processes as a context manager: ``start`` on entry (stopped
+    again when the start fails half-way), ``stop`` on exit, also when a test fails."""
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
 
 
 class LoggedProcess:

@@ -49,9 +49,9 @@ import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 
 from tests.support.processes import (
+    Stack,
     StackError,
     free_port,
     start_process,
@@ -264,7 +264,7 @@ class VllmTimings:
     ready: float = 0.0
 
 
-class VllmStack:
+class VllmStack(Stack):
     """One vLLM OpenAI API server on 127.0.0.1 serving ``model_dir`` on CPU.
 
     ``kv_blocks`` overrides the number of KV blocks (``--num-gpu-blocks-override``);
@@ -331,22 +331,6 @@ class VllmStack:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     # --- lifecycle
-
-    def __enter__(self) -> VllmStack:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def argv(self, python: Path) -> list[str]:
         argv = [
