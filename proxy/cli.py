@@ -233,7 +233,7 @@ def serve(args: argparse.Namespace) -> int:
         if settings.workers == 1:
             from proxy.app import create_app
 
-            _run_uvicorn(settings, create_app(settings))
+            _run_uvicorn(settings, create_app(settings, serving=True))
             return 0
         # Several workers: each builds its app from the environment, so the flags
         # travel there.
@@ -277,6 +277,11 @@ def _run_uvicorn(settings: Settings, app: Any, **extra: Any) -> None:
         # as every worker process does).
         timeout_keep_alive=settings.idle_timeout,
         http=HttpToolsWithHeaderTimeout,
+        # The proxy never reads the client's address (the access line leaves it out),
+        # so X-Forwarded-* need no parsing on every request; nor does an answer need
+        # to name the server that sent it.
+        proxy_headers=False,
+        server_header=False,
         **extra,
     )
 

@@ -104,7 +104,8 @@ class Accounting:
         facts = RequestFacts(request_id)
         state = scope.setdefault("state", {})
         state[FACTS_KEY] = facts
-        state[BODY_SEND] = send  # past send_wrapper, for the relay's body chunks
+        # Past send_wrapper, for the relay's body chunks (the app sets the server's own).
+        state.setdefault(BODY_SEND, send)
         rid_header = (REQUEST_ID_HEADER, request_id.encode("ascii"))
 
         async def send_wrapper(message: Message) -> None:

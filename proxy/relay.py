@@ -2,8 +2,8 @@
 
 ``watch_disconnect`` starts watching when the request is forwarded
 (``routes.open_upstream``, right before ``Upstream.forward``), after the body has
-been read and prepared; a client that left while its prompt was counted is noticed
-as soon as the watcher first asks (after ``WATCH_DELAY``, 0 by default).
+been read and prepared, and the watcher first asks ``WATCH_DELAY`` (a quarter of a
+second) later, so a client that left while its prompt was counted is noticed then.
 From there on a disconnect cancels the wait for the answer's head,
 and ``Relay`` goes on watching while it pumps the body, closing the upstream
 connection at once when the client goes, which is what makes vLLM abort the
@@ -102,11 +102,11 @@ def sse_error_event(error: ProxyError) -> bytes:
 #: Called once the relay ends: whether the body went out whole, and the captured body.
 EndHook = Callable[[bool, bytes | None], None]
 
-#: Key in ``scope["state"]``: the ``send`` that the outermost middleware of the proxy
-#: (``Accounting``) was given. Once the head has gone out through the whole chain, the
-#: relay sends body chunks straight there: the wrappers in between (Accounting's, and
-#: Starlette's exception handlers') look only at the head, and on a stream of a few
-#: hundred chunks each layer costs a call per chunk.
+#: Key in ``scope["state"]``: the server's own ``send`` (set by ``app.ProxyApp``; else
+#: the one the outermost middleware, ``Accounting``, was given). Once the head has gone
+#: out through the whole chain, the relay sends body chunks straight there: the
+#: wrappers in between (Accounting's, Starlette's error middleware's) look only at the
+#: head, and on a stream of a few hundred chunks each layer costs a call per chunk.
 BODY_SEND = "trimproxy_body_send"
 
 
@@ -285,10 +285,12 @@ class CancelOnDisconnect:
         return False
 
 
-#: Seconds before a request's client is watched. With a delay, an answer that comes
-#: sooner never pays for a watcher task; 0 (start at the next turn of the loop) until a
-#: delay is shown not to slow streams behind a real engine (issue 17: not resolved).
-WATCH_DELAY = 0.0
+#: Seconds before a request's client is watched. An answer that is over sooner (most
+#: non-streamed ones behind a fast engine) never pays for the watcher task, its
+#: ``receive`` and its cancellation (~6 us a request, issue 17); one that takes longer
+#: notices a client that left within this delay, well inside the 1.5 s that frees the
+#: engine's KV blocks in time (``test_client_disconnect_closes_the_upstream_at_once``).
+WATCH_DELAY = 0.25
 
 
 def watch_disconnect(receive: Receive, delay: float = WATCH_DELAY) -> asyncio.Future[None]:

@@ -7,7 +7,7 @@ and the sessions can all build on it. The ``TokenCounter`` Protocol is in
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 #: A JSON object as orjson decodes it. Messages stay plain dicts on the hot path:
@@ -28,7 +28,8 @@ class PromptCount:
 
     per_message: tuple[int, ...]
     overhead: int
+    total: int = field(init=False, repr=False, compare=False)
+    """Summed once: the hot path reads it several times a request."""
 
-    @property
-    def total(self) -> int:
-        return self.overhead + sum(self.per_message)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "total", self.overhead + sum(self.per_message))

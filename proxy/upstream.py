@@ -25,6 +25,7 @@ import aiohttp
 import orjson
 from yarl import URL
 
+import proxy
 from proxy.errors import ClientClosedRequest, protocol_error, upstream_failure
 from proxy.relay import HOP_BY_HOP, CancelOnDisconnect
 from proxy.settings import Settings
@@ -43,6 +44,13 @@ _REQUEST_DROP = HOP_BY_HOP | {
     "x-api-key",
 }
 _JSON_HEADERS = {"content-type": "application/json"}
+# Bodies pass through as the upstream encoded them (the client's Accept-Encoding goes
+# up as it is); a client that named none gets no compression it did not ask for.
+_IDENTITY = "identity"
+_SKIP_TYPE = ("Content-Type",)
+# Forwarded paths whose URL is built once: the few routes that carry the traffic
+# (a bound, since the paths are the clients').
+_URL_CACHE_SIZE = 64
 _TRANSPORT_ERRORS = (TimeoutError, aiohttp.ClientError, OSError)
 
 
@@ -142,6 +150,14 @@ class Upstream:
         self.read_timeout = settings.read_timeout
         key = settings.upstream_api_key
         self._auth: dict[str, str] = {"authorization": f"Bearer {key}"} if key else {}
+        self._urls: dict[str, URL] = {}
+        self._user_agent = f"trimproxy/{proxy.__version__}"
+        # The proxy's own calls read and parse what they get: never compressed.
+        self._own_headers = {
+            **self._auth,
+            "accept-encoding": _IDENTITY,
+            "user-agent": self._user_agent,
+        }
         # The client's own Authorization travels only through an open proxy with no
         # upstream key: then the proxy is transparent to an upstream checking keys.
         self.pass_client_auth = not settings.api_key_set and not key
@@ -153,7 +169,8 @@ class Upstream:
             timeout=self._timeout,
             # Bodies pass through as the upstream encoded them.
             auto_decompress=False,
-            skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
+            # No skip_auto_headers: aiohttp would rebuild that list on every request.
+            # request_headers() names the encoding and the agent itself instead.
         )
         self._models: tuple[tuple[ServedModel, ...], float] | None = None
         self._models_pending: asyncio.Future[tuple[ServedModel, ...]] | None = None
@@ -185,6 +202,10 @@ class Upstream:
         for token in named:
             out.pop(token.strip().lower(), None)
         out.update(self._auth)
+        if "accept-encoding" not in out:
+            out["accept-encoding"] = _IDENTITY
+        if "user-agent" not in out:
+            out["user-agent"] = self._user_agent
         return out
 
     async def forward(
@@ -205,11 +226,23 @@ class Upstream:
         """
         # encoded=True: the path is in normal form already (proxy.paths) and goes out
         # byte for byte; yarl would otherwise resolve dot segments and re-quote.
-        url = URL(self.base_url + path, encoded=True)
+        url = self._urls.get(path)
+        if url is None:
+            url = URL(self.base_url + path, encoded=True)
+            if len(self._urls) < _URL_CACHE_SIZE:
+                self._urls[path] = url
+        # A body the client sent without a type goes up without one, not as the
+        # application/octet-stream aiohttp would name it.
+        skip = _SKIP_TYPE if body is not None and "content-type" not in headers else None
         with CancelOnDisconnect(client_gone) as watch:
             try:
                 response = await self._session.request(
-                    method, url, headers=headers, data=body, allow_redirects=False
+                    method,
+                    url,
+                    headers=headers,
+                    data=body,
+                    allow_redirects=False,
+                    skip_auto_headers=skip,
                 )
             except _TRANSPORT_ERRORS as exc:
                 raise upstream_failure(
@@ -237,7 +270,7 @@ class Upstream:
     ) -> bytes:
         """One small request with the key and the configured timeouts; the body of a
         200, else ``UpstreamCallFailed``."""
-        sent = {**self._auth, **(headers or {})}
+        sent = {**self._own_headers, **(headers or {})}
         data = None
         if payload is not None:
             data = orjson.dumps(payload)
@@ -370,7 +403,6 @@ class Upstream:
             "/metrics",
             max_bytes=max_bytes,
             timeout=bound,
-            headers={"accept-encoding": "identity"},
         )
         return raw.decode("utf-8", errors="replace")
 

@@ -105,20 +105,6 @@ class ApproxCounter:
     def __init__(self, cache_bytes: int = _CACHE_BYTES) -> None:
         self._texts: ByteLRU[str, int] = ByteLRU(cache_bytes)
 
-    def _message(self, message: Message) -> int:
-        content = message.get("content")
-        if (
-            isinstance(content, str)
-            and len(content) >= _CACHE_MIN_CHARS
-            and len(message) == 2  # role and content only: the common chat message
-        ):
-            tokens = self._texts.get(content)
-            if tokens is None:
-                tokens = estimate_text(content)
-                self._texts.put(content, tokens)
-            return MESSAGE_OVERHEAD + tokens
-        return estimate_message(message)
-
     async def count(
         self,
         messages: Sequence[Message],
@@ -129,7 +115,39 @@ class ApproxCounter:
         overhead = REPLY_PRIMING
         if tools:
             overhead += estimate_text(orjson.dumps(list(tools)).decode())
-        return PromptCount(tuple(self._message(m) for m in messages), overhead)
+        # This runs on every request over every message: one loop with everything
+        # bound once, and on the common message (role and a text) no Python call but
+        # the estimate itself, and that only for text not seen before. A fresh
+        # string's hash (every byte once) is still several times cheaper than
+        # estimating it, ASCII included.
+        texts = self._texts
+        lookup, touch = texts.lookups()
+        estimate = estimate_text
+        per_message: list[int] = []
+        append = per_message.append
+        hits = 0
+        for message in messages:
+            content = message.get("content")
+            # len 2: role and content only. Plain str only: what JSON gives; a
+            # subclass goes the long way, to the same estimate.
+            if content.__class__ is str and len(message) == 2:
+                if len(content) >= _CACHE_MIN_CHARS:
+                    tokens = lookup(content)
+                    if tokens is None:
+                        tokens = estimate(content)
+                        texts.put(content, tokens)
+                        texts.misses += 1
+                    else:
+                        touch(content)
+                        hits += 1
+                    append(MESSAGE_OVERHEAD + tokens)
+                    continue
+                if "role" in message:  # then nothing else estimate_message would read
+                    append(MESSAGE_OVERHEAD + estimate(content))
+                    continue
+            append(estimate_message(message))
+        texts.hits += hits
+        return PromptCount(tuple(per_message), overhead)
 
     async def aclose(self) -> None:
         return None

@@ -187,3 +187,43 @@ async def test_health_and_readiness(
     not_ready = await proxy.client.get("/readyz")
     assert not_ready.status_code == 503
     assert not_ready.json()["status"] == "not ready"
+
+
+async def test_a_client_without_encoding_or_agent_gets_identity_and_the_proxys_name(
+    app_proxy: StartApp, sim_upstream: SimUpstream
+) -> None:
+    """aiohttp would add gzip (an answer the client never asked to decode) and its own
+    agent; the proxy names both itself, and forwards a client's own unchanged."""
+    proxy = await app_proxy(tokenizer="approx")
+    body = {"model": "sim-model", "messages": [{"role": "user", "content": "hi"}]}
+    bare = proxy.client.build_request("POST", "/v1/chat/completions", json=body)
+    del bare.headers["accept-encoding"], bare.headers["user-agent"]
+    assert (await proxy.client.send(bare)).status_code == 200
+    r = await proxy.client.post(
+        "/v1/chat/completions",
+        json=body,
+        headers={"Accept-Encoding": "br", "User-Agent": "my-client/1.0"},
+    )
+    assert r.status_code == 200
+    first, second = (received_headers(r) for r in sim_upstream.chat_requests())
+    assert first["accept-encoding"] == "identity"
+    assert first["user-agent"].startswith("trimproxy/")
+    assert second["accept-encoding"] == "br"
+    assert second["user-agent"] == "my-client/1.0"
+
+
+async def test_a_passthrough_body_without_a_type_goes_up_without_one(
+    app_proxy: StartApp, sim_upstream: SimUpstream
+) -> None:
+    proxy = await app_proxy(tokenizer="approx")
+    raw = orjson.dumps({"model": "sim-model", "prompt": "hi", "max_tokens": 2})
+    untyped = proxy.client.build_request("POST", "/v1/completions", content=raw)
+    assert "content-type" not in untyped.headers
+    assert (await proxy.client.send(untyped)).status_code == 200
+    typed = await proxy.client.post(
+        "/v1/completions", content=raw, headers={"Content-Type": "application/json"}
+    )
+    assert typed.status_code == 200
+    first, second = (received_headers(r) for r in sim_upstream.requests("/v1/completions"))
+    assert "content-type" not in first  # not aiohttp's application/octet-stream
+    assert second["content-type"] == "application/json"

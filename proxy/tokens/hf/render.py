@@ -37,52 +37,60 @@ class _Tracker:
         self.touches: list[Touch] = []
 
 
-class _Msg(dict[str, Any]):
-    """A message that notes the first read of it (per iteration pass). Writes are
-    refused by the sandbox, as for a plain dict."""
+class _Seen(dict[str, Any]):
+    """A message whose first read (in this pass) has been noted: a plain dict to the
+    template. A ``_Msg`` turns into one on its first read (same layout, so its class
+    can be swapped), and every later read is the dict's own, with no Python call:
+    templates read each message several times, ~160 reads a 20-message render."""
 
-    __slots__ = ("_fresh", "_idx", "_pass", "_tracker")
+    __slots__ = ("_idx", "_pass", "_tracker")
 
     def __init__(self, raw: dict[str, Any], idx: int, pass_id: int, tracker: _Tracker) -> None:
         super().__init__(raw)
         self._idx = idx
         self._pass = pass_id
         self._tracker = tracker
-        self._fresh = True
 
+
+class _Msg(_Seen):
+    """A message that notes the first read of it (per iteration pass). Writes are
+    refused by the sandbox, as for a plain dict."""
+
+    __slots__ = ()
+
+    # The reads below call dict's methods by name: once the class is swapped, self is
+    # no _Msg, and super() would refuse it.
     def _touch(self) -> None:
-        # Only the first read matters, and templates read a message many times.
-        if self._fresh:
-            self._fresh = False
-            tracker = self._tracker
-            tracker.touches.append((self._idx, self._pass, tracker.offset))
+        self.__class__ = _Seen  # type: ignore[assignment]  # only the first read matters
+        tracker = self._tracker
+        tracker.touches.append((self._idx, self._pass, tracker.offset))
 
     def __getitem__(self, key: str) -> Any:
         self._touch()
-        return super().__getitem__(key)
+        return dict.__getitem__(self, key)
 
     def get(self, key: str, default: Any = None) -> Any:
         self._touch()
-        return super().get(key, default)
+        return dict.get(self, key, default)
 
     def __contains__(self, key: object) -> bool:
         self._touch()
-        return super().__contains__(key)
+        return dict.__contains__(self, key)
 
     def keys(self) -> Any:
         self._touch()
-        return super().keys()
+        return dict.keys(self)
 
     def items(self) -> Any:
         self._touch()
-        return super().items()
+        return dict.items(self)
 
     def values(self) -> Any:
         self._touch()
-        return super().values()
+        return dict.values(self)
 
 
-class _Msgs(list[_Msg]):
+class _Msgs(list[_Seen]):
     """The message list: each iteration is a numbered pass, slices stay tracked.
 
     Iteration yields a second proxy per message (made once per render), relabelled
@@ -91,26 +99,26 @@ class _Msgs(list[_Msg]):
 
     __slots__ = ("_loop", "_tracker")
 
-    def __init__(self, items: Sequence[_Msg], loop: Sequence[_Msg], tracker: _Tracker) -> None:
+    def __init__(self, items: Sequence[_Seen], loop: Sequence[_Seen], tracker: _Tracker) -> None:
         super().__init__(items)
         self._loop = loop
         self._tracker = tracker
 
-    def __iter__(self) -> Iterator[_Msg]:
+    def __iter__(self) -> Iterator[_Seen]:
         tracker = self._tracker
         tracker.passes += 1
         pass_id = tracker.passes
         for msg in super().__iter__():
             proxy = self._loop[msg._idx]
             proxy._pass = pass_id
-            proxy._fresh = True
+            proxy.__class__ = _Msg  # fresh again: this pass's first read is noted
             yield proxy
 
     @overload
-    def __getitem__(self, key: SupportsIndex) -> _Msg: ...
+    def __getitem__(self, key: SupportsIndex) -> _Seen: ...
     @overload
-    def __getitem__(self, key: slice) -> list[_Msg]: ...
-    def __getitem__(self, key: SupportsIndex | slice) -> _Msg | list[_Msg]:
+    def __getitem__(self, key: slice) -> list[_Seen]: ...
+    def __getitem__(self, key: SupportsIndex | slice) -> _Seen | list[_Seen]:
         if isinstance(key, slice):
             return _Msgs(super().__getitem__(key), self._loop, self._tracker)
         return super().__getitem__(key)
