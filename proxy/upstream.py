@@ -169,6 +169,9 @@ class Upstream:
             timeout=self._timeout,
             # Bodies pass through as the upstream encoded them.
             auto_decompress=False,
+            # One session serves every client: a cookie one answer set must never go
+            # up with another client's request (and filtering a jar costs on each).
+            cookie_jar=aiohttp.DummyCookieJar(),
             # No skip_auto_headers: aiohttp would rebuild that list on every request.
             # request_headers() names the encoding and the agent itself instead.
         )

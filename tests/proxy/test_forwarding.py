@@ -227,3 +227,23 @@ async def test_a_passthrough_body_without_a_type_goes_up_without_one(
     first, second = (received_headers(r) for r in sim_upstream.requests("/v1/completions"))
     assert "content-type" not in first  # not aiohttp's application/octet-stream
     assert second["content-type"] == "application/json"
+
+
+async def test_a_cookie_the_upstream_sets_goes_to_that_client_only(
+    app_proxy: StartApp, sim_upstream: SimUpstream
+) -> None:
+    """One HTTP session serves every client: it must keep no cookie jar of its own.
+    (By a host name: aiohttp's jar keeps no cookie of an IP address.)"""
+    by_name = sim_upstream.url.replace("127.0.0.1", "localhost")
+    proxy = await app_proxy(upstream=by_name, tokenizer="approx")
+    sim_upstream.configure(
+        fail_next={"status": 200, "body": {"ok": True}, "headers": {"set-cookie": "route=a1"}}
+    )
+    body = {"model": "sim-model", "messages": [{"role": "user", "content": "hi"}]}
+    first = await proxy.client.post("/v1/chat/completions", json=body)
+    assert first.headers["set-cookie"] == "route=a1"  # relayed to the client it was for
+    proxy.client.cookies.clear()  # the next request is another client's
+    second = await proxy.client.post("/v1/chat/completions", json=body)
+    assert second.status_code == 200
+    later = received_headers(sim_upstream.chat_requests()[-1])
+    assert "cookie" not in later
