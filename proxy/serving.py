@@ -41,12 +41,20 @@ _TOO_LARGE_BODY = (
 
 
 class _HeaderTimeout(asyncio.Protocol):
-    """The timer; mixed in before a uvicorn protocol class."""
+    """The timer; mixed in before a uvicorn protocol class.
+
+    Arming is setting a deadline, disarming is clearing it: a kept-alive connection
+    arms and disarms once a request, and one timer that, when it fires, looks at the
+    deadline (and sets itself again for a later one) costs no timer of the event loop
+    per request.
+    """
 
     transport: Any
     cycle: Any
     loop: asyncio.AbstractEventLoop
     _header_timer: asyncio.TimerHandle | None = None
+    #: When the headers must be complete (``loop.time()``); None while not waiting.
+    _header_deadline: float | None = None
     _header_timeout: float = _DEFAULT_HEADER_TIMEOUT
     _max_header_bytes: int = _DEFAULT_MAX_HEADER_BYTES
     #: Bytes received since the timer was armed, while the headers were incomplete.
@@ -64,12 +72,12 @@ class _HeaderTimeout(asyncio.Protocol):
         self._arm_header_timer()
 
     def data_received(self, data: bytes) -> None:
-        waiting = self._header_timer is not None
+        waiting = self._header_deadline is not None
         super().data_received(data)
-        if not waiting or self._header_timer is None:
+        if not waiting or self._header_deadline is None:
             return
         if self.cycle is not self._armed_cycle:
-            self._disarm_header_timer()  # the headers are complete
+            self._header_deadline = None  # the headers are complete
             return
         # httptools sets no limit of its own: headers could grow the memory of one
         # connection without bound.
@@ -90,18 +98,29 @@ class _HeaderTimeout(asyncio.Protocol):
         super().connection_lost(exc)
 
     def _arm_header_timer(self) -> None:
-        self._disarm_header_timer()
         self._armed_cycle = self.cycle
         self._header_bytes = 0
-        self._header_timer = self.loop.call_later(self._header_timeout, self._header_timed_out)
+        deadline = self.loop.time() + self._header_timeout
+        self._header_deadline = deadline
+        if self._header_timer is None:
+            self._header_timer = self.loop.call_at(deadline, self._header_timer_fired)
 
     def _disarm_header_timer(self) -> None:
+        self._header_deadline = None
         if self._header_timer is not None:
             self._header_timer.cancel()
             self._header_timer = None
 
-    def _header_timed_out(self) -> None:
+    def _header_timer_fired(self) -> None:
         self._header_timer = None
+        deadline = self._header_deadline
+        if deadline is None:
+            return  # the headers came in time; the next answer's end arms it again
+        if deadline > self.loop.time():
+            # Re-armed since this timer was set (a later request): wait for that one.
+            self._header_timer = self.loop.call_at(deadline, self._header_timer_fired)
+            return
+        self._header_deadline = None
         if not self.transport.is_closing():
             self.transport.close()
 

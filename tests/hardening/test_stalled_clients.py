@@ -87,6 +87,27 @@ def test_half_sent_headers_are_closed_after_the_header_timeout(
         assert read_all(sock) == b""
 
 
+def test_the_header_timeout_holds_for_every_request_of_a_kept_alive_connection(
+    proxy_server: StartProxy, sim_upstream: SimUpstream
+) -> None:
+    """Requests that come sooner than the timeout keep the connection; half-sent headers
+    after them are closed within the timeout of the answer before (one timer, re-aimed
+    at each request's deadline, not one per request)."""
+    proxy = proxy_server(tokenizer="approx", header_timeout=1, idle_timeout=30)
+    with open_socket(proxy.url, timeout=20) as sock:
+        for _ in range(4):  # 2 s of requests in all: past the first deadline
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nhost: proxy\r\n\r\n")
+            answer = b""
+            while not answer.endswith(b'{"status":"ok"}'):  # the head, then the body
+                answer += sock.recv(65536)
+            assert answer.startswith(b"HTTP/1.1 200"), answer
+            time.sleep(0.5)
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nhost: proxy\r\n")
+        started = time.monotonic()
+        assert read_all(sock) == b""
+        assert time.monotonic() - started < 15
+
+
 def test_idle_keep_alive_connections_are_closed(
     proxy_server: StartProxy, sim_upstream: SimUpstream
 ) -> None:
