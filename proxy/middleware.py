@@ -14,9 +14,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from proxy.errors import InvalidApiKey, InvalidRequest, Overloaded, ProxyError
 from proxy.logs import (
-    ACCESS_LOGGER,
     FACTS_KEY,
     REQUEST_ID_HEADER,
+    AccessLog,
     RequestFacts,
     ensure_request_id,
 )
@@ -82,7 +82,7 @@ class Accounting:
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
         self.metrics = metrics
-        self.access = logging.getLogger(ACCESS_LOGGER)
+        self.access = AccessLog()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -144,15 +144,8 @@ class Accounting:
                 self.metrics.in_flight.dec()
             self.metrics.answered(route, status, elapsed)
             level = logging.DEBUG if route in _QUIET_ROUTES else logging.INFO
-            if self.access.isEnabledFor(level):
-                fields = facts.fields(scope["method"], path, status, elapsed)
-                # makeRecord + handle: Logger.log would walk the stack for a caller
-                # that the JSON line does not show.
-                self.access.handle(
-                    self.access.makeRecord(
-                        ACCESS_LOGGER, level, "", 0, "request", (), None, extra={"fields": fields}
-                    )
-                )
+            if self.access.enabled(level):
+                self.access.write(level, facts.fields(scope["method"], path, status, elapsed))
 
 
 class ApiKeys:

@@ -14,7 +14,9 @@ from starlette.requests import Request
 
 from proxy.logs import (
     REQUEST_ID_HEADER,
+    AccessLog,
     JsonFormatter,
+    JsonLineHandler,
     RequestFacts,
     ensure_request_id,
     request_facts,
@@ -118,3 +120,48 @@ def test_clear_multiprocess_dir_removes_only_metric_files(tmp_path: Path) -> Non
     assert sorted(os.listdir(tmp_path)) == ["notes.txt"]
     clear_multiprocess_dir(str(tmp_path / "new"))
     assert (tmp_path / "new").is_dir()
+
+
+def test_the_access_line_is_the_same_written_straight_or_through_logging(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``AccessLog`` skips logging's record and handler chain only where logging is as
+    ``setup_logging`` leaves it, and writes the very line logging would have."""
+    path = tmp_path / "access.log"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        root = logging.getLogger()
+        monkeypatch.setattr(root, "handlers", [JsonLineHandler(fd)])  # pytest's own go
+        monkeypatch.setattr(root, "level", logging.INFO)
+        access = AccessLog()
+        fields = {"request_id": "r1", "status": 200, "duration_ms": 1.5, "model": "m"}
+        assert access._plain_handler(logging.INFO) is not None
+        access.write(logging.INFO, fields)  # straight to the descriptor
+        seen: list[logging.LogRecord] = []
+
+        def listen(record: logging.LogRecord) -> bool:
+            seen.append(record)
+            return True
+
+        monkeypatch.setattr(access.logger, "filters", [listen])  # someone listens
+        assert access._plain_handler(logging.INFO) is None
+        access.write(logging.INFO, fields)  # now through logging
+        assert len(seen) == 1 and seen[0].fields == fields  # type: ignore[attr-defined]
+    finally:
+        os.close(fd)
+    straight, logged = (orjson.loads(line) for line in path.read_bytes().splitlines())
+    assert straight.pop("ts")[:19] == logged.pop("ts")[:19]  # to the second
+    assert straight == logged == {"level": "info", "logger": "trimproxy.access",
+                                  "msg": "request", **fields}  # fmt: skip
+
+
+def test_an_operators_own_handler_gets_the_access_line_through_logging(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    root = logging.getLogger()
+    ours, theirs = JsonLineHandler(sys.stderr.fileno()), logging.NullHandler()
+    monkeypatch.setattr(root, "handlers", [ours, theirs])
+    assert AccessLog()._plain_handler(logging.INFO) is None
+    monkeypatch.setattr(root, "handlers", [ours])
+    ours.setLevel(logging.WARNING)  # the handler itself would drop an info line
+    assert AccessLog()._plain_handler(logging.INFO) is None
