@@ -22,7 +22,7 @@ from proxy.logs import (
 )
 from proxy.metrics import KNOWN_ROUTES, Metrics, route_label
 from proxy.paths import BadPath, route
-from proxy.relay import BODY_SEND, RelayAborted
+from proxy.relay import RelayAborted
 
 _GUARDED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
 
@@ -104,8 +104,6 @@ class Accounting:
         facts = RequestFacts(request_id)
         state = scope.setdefault("state", {})
         state[FACTS_KEY] = facts
-        # Past send_wrapper, for the relay's body chunks (the app sets the server's own).
-        state.setdefault(BODY_SEND, send)
         rid_header = (REQUEST_ID_HEADER, request_id.encode("ascii"))
 
         async def send_wrapper(message: Message) -> None:

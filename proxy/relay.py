@@ -102,11 +102,11 @@ def sse_error_event(error: ProxyError) -> bytes:
 #: Called once the relay ends: whether the body went out whole, and the captured body.
 EndHook = Callable[[bool, bytes | None], None]
 
-#: Key in ``scope["state"]``: the server's own ``send`` (set by ``app.ProxyApp``; else
-#: the one the outermost middleware, ``Accounting``, was given). Once the head has gone
-#: out through the whole chain, the relay sends body chunks straight there: the
-#: wrappers in between (Accounting's, Starlette's error middleware's) look only at the
-#: head, and on a stream of a few hundred chunks each layer costs a call per chunk.
+#: Key in ``scope["state"]``: the server's own ``send``, set by ``app.ProxyApp`` (absent:
+#: the relay uses the ``send`` it was given). Once the head has gone out through the
+#: whole chain, the relay sends body chunks straight there: the wrappers in between
+#: (Accounting's, Starlette's error middleware's) look only at the head, and on a stream
+#: of a few hundred chunks each layer costs a call per chunk.
 BODY_SEND = "trimproxy_body_send"
 
 

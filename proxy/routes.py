@@ -181,11 +181,15 @@ class ChatRoute:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] != CHAT_PATH or scope.get("root_path"):
+        # Anything else (another method on this path too: the router answers its 405,
+        # with an Allow header) goes the usual way.
+        if (
+            scope["type"] != "http"
+            or scope["path"] != CHAT_PATH
+            or scope["method"] != "POST"
+            or scope.get("root_path")
+        ):
             await self.app(scope, receive, send)
-            return
-        if scope["method"] != "POST":
-            await self.app(scope, receive, send)  # the router's 405, with its Allow header
             return
         request = Request(scope, receive, send)
         try:

@@ -27,6 +27,7 @@ from yarl import URL
 
 import proxy
 from proxy.errors import ClientClosedRequest, protocol_error, upstream_failure
+from proxy.metrics import KNOWN_ROUTES
 from proxy.relay import HOP_BY_HOP, CancelOnDisconnect
 from proxy.settings import Settings
 
@@ -48,9 +49,6 @@ _JSON_HEADERS = {"content-type": "application/json"}
 # up as it is); a client that named none gets no compression it did not ask for.
 _IDENTITY = "identity"
 _SKIP_TYPE = ("Content-Type",)
-# Forwarded paths whose URL is built once: the few routes that carry the traffic
-# (a bound, since the paths are the clients').
-_URL_CACHE_SIZE = 64
 _TRANSPORT_ERRORS = (TimeoutError, aiohttp.ClientError, OSError)
 
 
@@ -232,7 +230,7 @@ class Upstream:
         url = self._urls.get(path)
         if url is None:
             url = URL(self.base_url + path, encoded=True)
-            if len(self._urls) < _URL_CACHE_SIZE:
+            if path in KNOWN_ROUTES:  # built once for the routes that carry the traffic
                 self._urls[path] = url
         # A body the client sent without a type goes up without one, not as the
         # application/octet-stream aiohttp would name it.

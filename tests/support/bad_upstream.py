@@ -35,8 +35,9 @@ import contextlib
 import json
 import threading
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any
+
+from tests.support.processes import Stack
 
 _REASONS = {200: b"OK", 600: b"Beyond", 999: b"Nonsense"}
 
@@ -97,7 +98,7 @@ def sse_event(index: int, dialect: str) -> bytes:
     return b"data: " + json.dumps(chunk).encode() + b"\n\n"
 
 
-class BadUpstream:
+class BadUpstream(Stack):
     def __init__(self, model: str = "bad-model") -> None:
         self.model = model
         self.requests: list[Received] = []
@@ -152,17 +153,6 @@ class BadUpstream:
         self._thread.join(10)
         if not self._thread.is_alive():
             self._loop.close()
-
-    def __enter__(self) -> BadUpstream:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     # --- serving ----------------------------------------------------------------
 

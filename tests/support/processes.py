@@ -208,7 +208,9 @@ class Stack:
     """A set of server processes as a context manager: ``start`` on entry (stopped
     again when the start fails half-way), ``stop`` on exit, also when a test fails."""
 
-    def start(self) -> None:
+    def start(self) -> object:
+        """Start everything; what it returns is the subclass's (``ProxyProcess``
+        returns itself, for ``proxy = ProxyProcess(...).start()``)."""
         raise NotImplementedError
 
     def stop(self) -> None:
@@ -251,7 +253,7 @@ class LoggedProcess:
 
 
 @dataclass
-class ProxyProcess:
+class ProxyProcess(Stack):
     """One ``trimproxy serve`` on 127.0.0.1; ``settings`` are ``TRIMPROXY_*`` values,
     named with or without the prefix: ``{"max_prompt_tokens": 600}``.
 
@@ -339,18 +341,3 @@ class ProxyProcess:
     def __repr__(self) -> str:
         pid = self.child.process.pid if self.child else None
         return f"ProxyProcess({self.url}, pid={pid})"
-
-    def __enter__(self) -> ProxyProcess:
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
