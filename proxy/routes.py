@@ -31,7 +31,7 @@ from proxy.logs import request_facts
 from proxy.metrics import CONTENT_TYPE, OTHER_MODEL
 from proxy.models import union_models
 from proxy.prepare import prepare
-from proxy.relay import Relay, watch_disconnect
+from proxy.relay import STREAM_WATCH_DELAY, WATCH_DELAY, Relay, watch_disconnect
 from proxy.tokens import estimate_error
 from proxy.upstream import Readiness, Upstream
 
@@ -111,12 +111,15 @@ async def chat_completions(request: Request) -> Response:
 
     headers = svc.upstream.request_headers(request.scope["headers"])
     headers["content-type"] = "application/json"
-    client_gone: asyncio.Future[None] | None = None
+    # Watched from here on: a client may leave KV admission's line, and one that stops
+    # a stream is the common case (so a stream's watcher starts at once).
+    client_gone = watch_disconnect(
+        request.receive, STREAM_WATCH_DELAY if chat.stream else WATCH_DELAY
+    )
     reservation: Reservation | None = None
     if svc.admission is not None:
         # The most KV this request can hold: its prompt and its whole completion.
         tokens = prepared.forwarded_tokens + prepared.reserve
-        client_gone = watch_disconnect(request.receive)  # a client may leave the line
         try:
             reservation = await svc.admission.admit_while_connected(tokens, client_gone)
         except BaseException:
@@ -213,8 +216,8 @@ async def open_upstream(
     Disconnect watching starts here, after the body was read and prepared: while
     the body is read, reading it is what notices a client that left; one that left
     while its prompt was counted is noticed as soon as the watcher first asks. (The
-    chat route starts it before KV admission, so a client can leave the line, and
-    passes it in.)
+    chat route starts its own before KV admission, so a client can leave the line,
+    and a stream's at once, and passes it in.)
     """
     if client_gone is None:
         client_gone = watch_disconnect(request.receive)

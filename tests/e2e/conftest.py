@@ -38,6 +38,10 @@ VLLM_API_KEY = "vllm-e2e-key"
 #: The engine's ``--max-model-len``: below the model's 4,096 positions, so that a
 #: conversation outgrows it in a few turns.
 VLLM_MAX_MODEL_LEN = 2048
+#: The tests' engines run at this nice value (their session's too): on two shared
+#: cores a busy engine otherwise left the proxy under test unscheduled for seconds,
+#: and a disconnect reached the engine late (``processes.yield_cpu``).
+ENGINE_NICE = 10
 
 
 @dataclass(frozen=True)
@@ -73,7 +77,7 @@ def _failed(request: pytest.FixtureRequest) -> bool:
 def fastchat_stack() -> Iterator[FastChatStack]:
     if os.environ.get("TRIMPROXY_SKIP_FASTCHAT") == "1":
         pytest.skip("TRIMPROXY_SKIP_FASTCHAT=1: the real FastChat stack is switched off")
-    with FastChatStack() as stack:
+    with FastChatStack(nice=ENGINE_NICE) as stack:
         timings = stack.timings
         print(
             f"\nFastChat stack up: venv {timings.venv:.1f}s, model {timings.model:.1f}s, "
@@ -142,7 +146,10 @@ def vllm_stack() -> Iterator[VllmStack]:
     if os.environ.get("TRIMPROXY_SKIP_VLLM") == "1":
         pytest.skip("TRIMPROXY_SKIP_VLLM=1: the real vLLM engine is switched off")
     with VllmStack(
-        build_vllm_model(), api_key=VLLM_API_KEY, max_model_len=VLLM_MAX_MODEL_LEN
+        build_vllm_model(),
+        api_key=VLLM_API_KEY,
+        max_model_len=VLLM_MAX_MODEL_LEN,
+        nice=ENGINE_NICE,
     ) as stack:
         print(f"\nvLLM engine up: ready {stack.timings.ready:.1f}s")
         yield stack

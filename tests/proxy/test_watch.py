@@ -1,4 +1,5 @@
-"""The disconnect watcher (``proxy.relay.watch_disconnect``): late start, cheap cancel.
+"""The disconnect watcher (``proxy.relay.watch_disconnect``): late start (at once for
+streams), cheap cancel.
 
 The end-to-end guarantee (a client that leaves frees the upstream within 1.5 s) is
 ``test_streaming.test_client_disconnect_closes_the_upstream_at_once``; these pin the
@@ -9,9 +10,13 @@ from __future__ import annotations
 
 import asyncio
 
-from starlette.types import Message
+import pytest
+from starlette.types import Message, Receive
 
-from proxy.relay import watch_disconnect
+from proxy import routes
+from proxy.relay import STREAM_WATCH_DELAY, WATCH_DELAY, watch_disconnect
+from tests.support.inprocess import StartApp
+from tests.support.sim import SimUpstream
 
 
 class FakeReceive:
@@ -67,3 +72,35 @@ async def test_cancelling_a_started_watch_stops_its_task() -> None:
     for _ in range(5):
         await asyncio.sleep(0)
     assert all(t.done() for t in watchers)
+
+
+@pytest.mark.parametrize(("stream", "delay"), [(True, STREAM_WATCH_DELAY), (False, WATCH_DELAY)])
+async def test_a_stream_is_watched_from_the_start_a_plain_answer_later(
+    app_proxy: StartApp,
+    sim_upstream: SimUpstream,
+    monkeypatch: pytest.MonkeyPatch,
+    stream: bool,
+    delay: float,
+) -> None:
+    # Streams last and are where clients leave midway; a plain answer behind a fast
+    # engine is usually over before it would be worth watching.
+    delays: list[float] = []
+
+    def recording(receive: Receive, delay: float = WATCH_DELAY) -> asyncio.Future[None]:
+        delays.append(delay)
+        return watch_disconnect(receive, delay)
+
+    monkeypatch.setattr(routes, "watch_disconnect", recording)
+    proxy = await app_proxy(tokenizer="approx")
+    response = await proxy.client.post(
+        "/v1/chat/completions",
+        json={
+            "model": "sim-model",
+            "max_tokens": 4,
+            "stream": stream,
+            "messages": [{"role": "user", "content": "hello"}],
+        },
+    )
+    assert response.status_code == 200, response.text
+    assert delays == [delay]
+    assert STREAM_WATCH_DELAY == 0 < WATCH_DELAY

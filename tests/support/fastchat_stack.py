@@ -183,6 +183,9 @@ class FastChatStack(Stack):
     worker_concurrency: int = 5
     #: The tiny model's architecture (None: ``tiny_model.FASTCHAT_SHAPE``).
     shape: ModelShape | None = None
+    #: > 0 lowers the worker's CPU priority (``processes.yield_cpu``): the tests'
+    #: stack, so that the proxy and the test sharing its cores are scheduled.
+    nice: int = 0
     timings: StartupTimings = field(default_factory=StartupTimings)
     controller_port: int = 0
     worker_port: int = 0
@@ -294,6 +297,7 @@ class FastChatStack(Stack):
             log=self.logs["worker"],
             env=env,
             cwd=workdir,
+            nice=self.nice,
         )
         self.procs["api"] = start_process(
             "api",

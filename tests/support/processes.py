@@ -4,7 +4,7 @@ signals, disconnects, the end-to-end stacks): one set of helpers for all of them
 * ``free_port()``: a TCP port on 127.0.0.1 that was free a moment ago.
 * ``child_env(extra)``: the environment of a child: inherited ``TRIMPROXY_*`` removed,
   the repository on ``PYTHONPATH``, unbuffered output, no model hub.
-* ``start_process(name, argv, log=, env=, cwd=)``: a child in its own session (so its
+* ``start_process(name, argv, log=, env=, cwd=, nice=)``: a child in its own session (so its
   whole group can be stopped), output to a log file; ``stop_process_group(proc)``.
 * ``wait_for_http(url, timeout=, procs=, method=, body=)``: poll until 200, failing
   fast with the log tail when one of ``procs`` exits.
@@ -51,6 +51,7 @@ __all__ = [
     "start_process",
     "stop_process_group",
     "wait_for_http",
+    "yield_cpu",
 ]
 
 
@@ -101,13 +102,22 @@ def _kill_leftovers() -> None:
 
 
 def start_process(
-    name: str, argv: Sequence[str], *, log: Path, env: Mapping[str, str], cwd: Path
+    name: str,
+    argv: Sequence[str],
+    *,
+    log: Path,
+    env: Mapping[str, str],
+    cwd: Path,
+    nice: int = 0,
 ) -> subprocess.Popen[bytes]:
     """Start ``argv`` in its own session (so its group can be killed), output to ``log``.
 
     ``name`` is for the caller's messages; the log file is the child's own descriptor.
+    ``nice`` > 0 lowers the whole session's CPU priority: see ``yield_cpu``.
     """
     del name
+    if nice > 0:
+        argv = ["nice", "-n", str(nice), *argv]
     with log.open("ab") as out:
         proc = subprocess.Popen(
             list(argv),
@@ -119,7 +129,24 @@ def start_process(
             start_new_session=True,
         )
     _LIVE.add(proc)
+    if nice > 0:
+        yield_cpu(proc.pid, nice)
     return proc
+
+
+def yield_cpu(pid: int, nice: int) -> None:
+    """Lower the CPU weight of ``pid``'s session (a session leader: ``start_process``).
+
+    A model engine on this machine's two cores (vLLM's CPU worker, FastChat's torch
+    worker) keeps both busy; the kernel then left the proxy under test and the test
+    itself runnable but unscheduled for up to 5 s at a time (their run-queue wait in
+    ``/proc/<pid>/schedstat``), so a client's disconnect reached the engine seconds
+    late. With autogroup scheduling on, a task's nice value counts only inside its
+    session's group, so the group's own nice is set too. Best effort: no such file
+    where the kernel has no autogroups, and ``nice -n`` covers that case.
+    """
+    with contextlib.suppress(OSError):
+        Path(f"/proc/{pid}/autogroup").write_text(f"{nice}\n")
 
 
 def stop_process_group(proc: subprocess.Popen[bytes], grace: float = 5.0) -> None:

@@ -275,7 +275,9 @@ class VllmStack(Stack):
     default) skips torch.compile of the model, which is most of a compiled start (about
     85 s of it on 2 busy cores) and changes nothing the proxy can see: scheduler, KV
     cache, prefix cache and API server are the same.
-    ``env`` adds to (and overrides) the server's environment.
+    ``env`` adds to (and overrides) the server's environment. ``nice`` > 0 lowers the
+    engine's CPU priority (``processes.yield_cpu``): the tests' engine, so that the
+    proxy and the test sharing its cores are scheduled; benchmarks leave it at 0.
     """
 
     def __init__(
@@ -292,6 +294,7 @@ class VllmStack(Stack):
         extra_args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
         startup_timeout: float = 600,
+        nice: int = 0,
     ) -> None:
         self.model_dir = Path(model_dir)
         self.served_name = served_name
@@ -304,6 +307,7 @@ class VllmStack(Stack):
         self.extra_args = tuple(extra_args)
         self.extra_env = dict(env or {})
         self.startup_timeout = startup_timeout
+        self.nice = nice
         self.timings = VllmTimings()
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
@@ -398,7 +402,9 @@ class VllmStack(Stack):
                 TRIMPROXY_VLLM_GUARD_FLAG=str(self._guard_flag(workdir)),
                 TRIMPROXY_VLLM_GUARD_KEY=self.api_key,
             )
-        self.proc = start_process("vllm", self.argv(python), log=self.log, env=env, cwd=workdir)
+        self.proc = start_process(
+            "vllm", self.argv(python), log=self.log, env=env, cwd=workdir, nice=self.nice
+        )
         watched = [("vllm", self.proc, self.log)]
         wait_for_http(f"{self.base_url}/health", timeout=self.startup_timeout, procs=watched)
         self.timings.ready = time.monotonic() - began
