@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from proxy.trimming import split_turns
+from proxy.trimming import HEAD_ROLES
 from proxy.types import Message
 
 _COUNTED_ROLES = frozenset(("system", "developer", "user"))
@@ -36,11 +36,48 @@ def _chars(content: Any) -> int:
 
 def prompt_floor(messages: Sequence[Message], max_token_chars: int) -> int:
     """Tokens that the kept part of ``messages`` needs at the very least."""
-    turns = split_turns(messages)
-    last = turns.starts[-1] if turns.starts else turns.head
-    kept = [*messages[: turns.head], *messages[last:]]
-    chars = sum(_chars(m.get("content")) for m in kept if m.get("role") in _COUNTED_ROLES)
+    chars = sum(_chars(m.get("content")) for m in _kept_counted(messages))
     return chars // (max_token_chars * _SLACK)
+
+
+def floor_over(messages: Sequence[Message], max_token_chars: int, budget: int) -> int | None:
+    """``prompt_floor`` when it is over ``budget``, else None; most prompts are under
+    by far, and their lengths alone (whitespace and all: more than the floor counts)
+    say so without counting the whitespace."""
+    kept = _kept_counted(messages)
+    rough = 0
+    for message in kept:
+        content = message.get("content")
+        rough += len(content) if isinstance(content, str) else _chars(content)
+    if rough // (max_token_chars * _SLACK) <= budget:
+        return None
+    floor = sum(_chars(m.get("content")) for m in kept) // (max_token_chars * _SLACK)
+    return floor if floor > budget else None
+
+
+def _kept_counted(messages: Sequence[Message]) -> list[Message]:
+    """The messages of the head and the last turn (as ``trimming.split_turns`` finds
+    them) whose text a template keeps: system, developer and user."""
+    # From both ends: a conversation ends with its user message, one step back.
+    n = len(messages)
+    head = 0
+    while head < n and messages[head].get("role") in HEAD_ROLES:
+        head += 1
+    last = n - 1
+    while last > head and messages[last].get("role") != "user":
+        last -= 1
+    return [
+        m
+        for i in (*range(head), *range(max(last, head), n))
+        if (m := messages[i]).get("role") in _COUNTED_ROLES
+    ]
+
+
+def size_floor(body_bytes: int, max_token_chars: int) -> int:
+    """The most ``prompt_floor`` can be for a body of ``body_bytes``: every character
+    of its text came from at least one byte of the JSON. At or under the budget, the
+    scan of the text is not needed."""
+    return body_bytes // (max_token_chars * _SLACK)
 
 
 def max_token_chars(counter: object) -> int | None:

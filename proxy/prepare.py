@@ -22,7 +22,7 @@ from proxy.errors import (
     ProxyError,
     context_length_exceeded,
 )
-from proxy.floor import max_token_chars, prompt_floor
+from proxy.floor import floor_over, max_token_chars, size_floor
 from proxy.logs import RequestFacts
 from proxy.metrics import OTHER_MODEL, ModelSeries
 from proxy.sessions.gate import SESSION_ID
@@ -151,13 +151,12 @@ async def refuse_if_surely_too_long(
     """400 before counting when the cheap floor (``proxy.floor``) is over the budget."""
     longest = max_token_chars(svc.counter)
     # The floor counts characters of the body's text, never more than its bytes: a
-    # body that small cannot be over, and most are, so they skip the scan (~10 us).
-    if longest is None or body_bytes // longest <= budget:
+    # body that small cannot be over, and most are, so they skip the scan.
+    if longest is None or size_floor(body_bytes, longest) <= budget:
         return
-    floor = prompt_floor(chat.messages, longest)
-    if floor <= budget:
-        return
-    raise await too_long(svc, chat, floor, at_least=True)
+    floor = floor_over(chat.messages, longest, budget)
+    if floor is not None:
+        raise await too_long(svc, chat, floor, at_least=True)
 
 
 async def too_long(

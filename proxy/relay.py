@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
@@ -45,7 +45,9 @@ HOP_BY_HOP = frozenset(
         "upgrade",
     )
 )
-_RESPONSE_DROP = HOP_BY_HOP | {"content-length", "date", "server"}
+_RESPONSE_DROP = frozenset(
+    name.encode("latin-1") for name in HOP_BY_HOP | {"content-length", "date", "server"}
+)
 
 ErrorHook = Callable[[str], None]
 
@@ -111,13 +113,11 @@ BODY_SEND = "trimproxy_body_send"
 
 
 def response_headers(
-    headers: Mapping[str, str], extra: Mapping[str, str]
+    raw: Iterable[tuple[bytes, bytes]], extra: Mapping[str, str]
 ) -> list[tuple[bytes, bytes]]:
-    out = [
-        (k.lower().encode("latin-1"), v.encode("latin-1"))
-        for k, v in headers.items()
-        if k.lower() not in _RESPONSE_DROP
-    ]
+    """The upstream's header lines as they came (``ClientResponse.raw_headers``: the
+    bytes, not a decoded multidict), less hop-by-hop ones, plus ``extra``."""
+    out = [(name, value) for key, value in raw if (name := key.lower()) not in _RESPONSE_DROP]
     out.extend((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in extra.items())
     return out
 
@@ -152,7 +152,7 @@ class Relay(Response):
         self._capture_limit = capture_limit
         self._captured: list[bytes] | None = [] if capture_limit > 0 else None
         self.status_code = upstream.status
-        self.raw_headers = response_headers(upstream.headers, extra_headers)
+        self.raw_headers = response_headers(upstream.raw_headers, extra_headers)
         self.background = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import accumulate
+from itertools import accumulate, pairwise
 
 from proxy.errors import ContextLengthExceeded
 from proxy.types import Message, PromptCount
@@ -102,7 +102,7 @@ def trim(
     turns = split_turns(messages)
     head, starts = turns.head, turns.starts
     bounds = (*starts, n)
-    sizes = [sum(per[bounds[i] : bounds[i + 1]]) for i in range(len(starts))]
+    sizes = [sum(per[a:b]) for a, b in pairwise(bounds)]
     fixed = count.overhead + sum(per[:head])
     reason: str | None = None
 
@@ -125,9 +125,11 @@ def trim(
     # What each turn weighed when it was the newest, i.e. in the request that ended
     # with its user message: replaying with those weights makes every earlier step
     # repeat exactly the decision that earlier request made.
-    openings = [
-        per[s] if messages[s].get("role") == "user" else sizes[i] for i, s in enumerate(starts)
-    ]
+    # Every turn opens with its user message but a leading non-user turn (one
+    # request's worth: it is all there was before the first user message).
+    openings = [per[s] for s in starts]
+    if starts and not turns.first_is_user:
+        openings[0] = sizes[0]
     cut_reason, kept_turns, tokens = _choose(sizes, openings, fixed, droppable, pinned, policy)
     if pinned is not None and policy.budget is not None and tokens > policy.budget:
         # The pin is a preference; only the system block and the last turn are musts.

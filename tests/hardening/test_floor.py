@@ -10,13 +10,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.floor import max_token_chars, prompt_floor
+from proxy.floor import floor_over, max_token_chars, prompt_floor, size_floor
 from proxy.tokens.approx import ApproxCounter
 from proxy.tokens.hf import HFCounter
+from proxy.trimming import split_turns
 from proxy.types import Message
 from tests.support.tiny_model import build_tokenizer
 
@@ -82,3 +84,42 @@ def test_floor_counts_only_what_trimming_must_keep() -> None:
         {"role": "user", "content": "q" * 160},
     ]
     assert prompt_floor(messages, 10) == (80 + 160) // 20
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["system", "developer", "user", "assistant", "tool"]), texts),
+        max_size=8,
+    ),
+    st.integers(min_value=1, max_value=8),
+)
+def test_floor_keeps_what_trimming_keeps(pairs: list[tuple[str, str]], longest: int) -> None:
+    # prompt_floor finds the head and the last turn from both ends; trimming's own
+    # split is the definition of what is kept, whatever the roles' order.
+    messages = as_messages(pairs)
+    turns = split_turns(messages)
+    last = turns.starts[-1] if turns.starts else turns.head
+    kept = [*messages[: turns.head], *messages[last:]]
+    counted = [m for m in kept if m["role"] in ("system", "developer", "user")]
+    text = "".join(str(m["content"]) for m in counted)
+    chars = len(text) - sum(text.count(w) for w in (" ", "\n", "\t", "\r"))
+    assert prompt_floor(messages, longest) == chars // (longest * 2)
+
+
+@given(st.lists(st.tuples(st.sampled_from(["system", "user", "assistant"]), texts), max_size=6))
+def test_no_body_is_over_its_size_floor(pairs: list[tuple[str, str]]) -> None:
+    # The byte gate that skips the scan must never skip a body whose floor is over.
+    messages = as_messages(pairs)
+    raw = orjson.dumps({"model": "m", "messages": messages})
+    for longest in (1, 4, 16):
+        assert prompt_floor(messages, longest) <= size_floor(len(raw), longest)
+
+
+@given(conversations, st.integers(min_value=0, max_value=200))
+def test_floor_over_says_the_floor_exactly_when_it_is_over(
+    pairs: list[tuple[str, str]], budget: int
+) -> None:
+    messages = as_messages(pairs)
+    floor = prompt_floor(messages, 4)
+    assert floor_over(messages, 4, budget) == (floor if floor > budget else None)

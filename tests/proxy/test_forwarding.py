@@ -247,3 +247,26 @@ async def test_a_cookie_the_upstream_sets_goes_to_that_client_only(
     assert second.status_code == 200
     later = received_headers(sim_upstream.chat_requests()[-1])
     assert "cookie" not in later
+
+
+async def test_the_upstreams_response_headers_come_through_as_sent(
+    app_proxy: StartApp, sim_upstream: SimUpstream
+) -> None:
+    # The header lines go out as the upstream wrote them (the bytes, names lower-cased),
+    # less the hop-by-hop ones and those the proxy's own server sets.
+    proxy = await app_proxy(tokenizer="approx")
+    sim_upstream.configure(
+        fail_next={
+            "status": 200,
+            "body": {"ok": True},
+            "headers": {"X-Upstream-Trace": "a B  c", "Keep-Alive": "timeout=5", "Vary": "x"},
+        }
+    )
+    body = {"model": "sim-model", "messages": [{"role": "user", "content": "hi"}]}
+    answer = await proxy.client.post("/v1/chat/completions", json=body)
+    assert answer.status_code == 200
+    assert answer.headers["x-upstream-trace"] == "a B  c"
+    assert answer.headers["vary"] == "x"
+    assert "keep-alive" not in answer.headers
+    assert answer.headers["content-length"] == str(len(answer.content))
+    assert answer.headers["x-trimproxy-trimmed-messages"] == "0"
