@@ -2,8 +2,9 @@
 
 ``watch_disconnect`` starts watching when the request is forwarded
 (``routes.open_upstream``, right before ``Upstream.forward``), after the body has
-been read and prepared, and the watcher first asks ``WATCH_DELAY`` (a quarter of a
-second) later, so a client that left while its prompt was counted is noticed then.
+been read and prepared. A request that streams is watched at once
+(``STREAM_WATCH_DELAY``); any other one first ``WATCH_DELAY`` (a quarter of a second)
+later, so a client that left while its prompt was counted is noticed then.
 From there on a disconnect cancels the wait for the answer's head,
 and ``Relay`` goes on watching while it pumps the body, closing the upstream
 connection at once when the client goes, which is what makes vLLM abort the

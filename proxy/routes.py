@@ -209,18 +209,21 @@ async def open_upstream(
     headers: dict[str, str],
     body: bytes | None,
     client_gone: asyncio.Future[None] | None = None,
+    *,
+    delay: float = WATCH_DELAY,
 ) -> tuple[aiohttp.ClientResponse, asyncio.Future[None]]:
     """Forward the request; returns the upstream response and the client-disconnect
     watcher that the relay goes on using (cancelled here if forwarding fails).
 
     Disconnect watching starts here, after the body was read and prepared: while
     the body is read, reading it is what notices a client that left; one that left
-    while its prompt was counted is noticed as soon as the watcher first asks. (The
-    chat route starts its own before KV admission, so a client can leave the line,
-    and a stream's at once, and passes it in.)
+    while its prompt was counted is noticed as soon as the watcher first asks,
+    ``delay`` after it starts (``STREAM_WATCH_DELAY`` for a request that may stream).
+    (The chat route starts its own before KV admission, so a client can leave the
+    line, and passes it in.)
     """
     if client_gone is None:
-        client_gone = watch_disconnect(request.receive)
+        client_gone = watch_disconnect(request.receive, delay)
     try:
         response = await svc.upstream.forward(request.method, path, headers, body, client_gone)
     except ProxyError as exc:
@@ -256,7 +259,12 @@ async def passthrough(request: Request) -> Response:
     if query:
         path = f"{path}?{query.decode('latin-1')}"
     headers = svc.upstream.request_headers(request.scope["headers"])
-    upstream, client_gone = await open_upstream(request, svc, path, headers, body or None)
+    # Not parsed here: a body that names "stream" at all may stream (completions), and
+    # only picks the watcher's delay.
+    delay = STREAM_WATCH_DELAY if b'"stream"' in body else WATCH_DELAY
+    upstream, client_gone = await open_upstream(
+        request, svc, path, headers, body or None, delay=delay
+    )
     return Relay(
         upstream,
         {},

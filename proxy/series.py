@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from bisect import bisect_left
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.metrics_core import Metric
@@ -145,23 +145,38 @@ class _PlainFamily:
         return dict(zip(self._labelnames, key, strict=True))
 
 
-class _PlainCounter(_PlainFamily):
-    _type = "counter"
+_Child = TypeVar("_Child", _PlainCounterChild, _PlainHistogramChild)
+
+
+class _LabelledFamily(_PlainFamily, Generic[_Child]):
+    """A family of labelled children, each made on its first ``labels()``."""
 
     def __init__(
         self, name: str, documentation: str, labelnames: Sequence[str], registry: CollectorRegistry
     ) -> None:
-        self._children: dict[tuple[str, ...], _PlainCounterChild] = {}
+        self._children: dict[tuple[str, ...], _Child] = {}
         super().__init__(name, documentation, labelnames, registry)
 
-    def labels(self, *labelvalues: str) -> _PlainCounterChild:
+    def labels(self, *labelvalues: str) -> _Child:
+        # The values as given are the key of the hot path; str() and the count check
+        # run only for a child not seen under them yet.
         child = self._children.get(labelvalues)
         if child is None:
             key = self._key(labelvalues)
             child = self._children.get(key)
             if child is None:
-                child = self._children[key] = _PlainCounterChild()
+                child = self._children[key] = self._new_child()
         return child
+
+    def _new_child(self) -> _Child:
+        raise NotImplementedError
+
+
+class _PlainCounter(_LabelledFamily[_PlainCounterChild]):
+    _type = "counter"
+
+    def _new_child(self) -> _PlainCounterChild:
+        return _PlainCounterChild()
 
     def collect(self) -> list[Metric]:
         metric = self._family()
@@ -172,7 +187,7 @@ class _PlainCounter(_PlainFamily):
         return [metric]
 
 
-class _PlainHistogram(_PlainFamily):
+class _PlainHistogram(_LabelledFamily[_PlainHistogramChild]):
     _type = "histogram"
 
     def __init__(
@@ -192,17 +207,10 @@ class _PlainHistogram(_PlainFamily):
             raise ValueError("Must have at least two buckets")
         self._bounds = tuple(bounds)
         self._les = tuple(floatToGoString(b) for b in bounds)  # type: ignore[no-untyped-call]
-        self._children: dict[tuple[str, ...], _PlainHistogramChild] = {}
         super().__init__(name, documentation, labelnames, registry)
 
-    def labels(self, *labelvalues: str) -> _PlainHistogramChild:
-        child = self._children.get(labelvalues)
-        if child is None:
-            key = self._key(labelvalues)
-            child = self._children.get(key)
-            if child is None:
-                child = self._children[key] = _PlainHistogramChild(self._bounds)
-        return child
+    def _new_child(self) -> _PlainHistogramChild:
+        return _PlainHistogramChild(self._bounds)
 
     def collect(self) -> list[Metric]:
         metric = self._family()

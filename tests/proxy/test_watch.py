@@ -74,12 +74,21 @@ async def test_cancelling_a_started_watch_stops_its_task() -> None:
     assert all(t.done() for t in watchers)
 
 
-@pytest.mark.parametrize(("stream", "delay"), [(True, STREAM_WATCH_DELAY), (False, WATCH_DELAY)])
+@pytest.mark.parametrize(
+    ("path", "stream", "delay"),
+    [
+        ("/v1/chat/completions", True, STREAM_WATCH_DELAY),
+        ("/v1/chat/completions", False, WATCH_DELAY),
+        ("/v1/completions", True, STREAM_WATCH_DELAY),  # passed through, not parsed
+        ("/v1/completions", None, WATCH_DELAY),
+    ],
+)
 async def test_a_stream_is_watched_from_the_start_a_plain_answer_later(
     app_proxy: StartApp,
     sim_upstream: SimUpstream,
     monkeypatch: pytest.MonkeyPatch,
-    stream: bool,
+    path: str,
+    stream: bool | None,
     delay: float,
 ) -> None:
     # Streams last and are where clients leave midway; a plain answer behind a fast
@@ -92,15 +101,14 @@ async def test_a_stream_is_watched_from_the_start_a_plain_answer_later(
 
     monkeypatch.setattr(routes, "watch_disconnect", recording)
     proxy = await app_proxy(tokenizer="approx")
-    response = await proxy.client.post(
-        "/v1/chat/completions",
-        json={
-            "model": "sim-model",
-            "max_tokens": 4,
-            "stream": stream,
-            "messages": [{"role": "user", "content": "hello"}],
-        },
-    )
+    body: dict[str, object] = {"model": "sim-model", "max_tokens": 4}
+    if path == "/v1/chat/completions":
+        body["messages"] = [{"role": "user", "content": "hello"}]
+    else:
+        body["prompt"] = "hello"
+    if stream is not None:
+        body["stream"] = stream
+    response = await proxy.client.post(path, json=body)
     assert response.status_code == 200, response.text
     assert delays == [delay]
     assert STREAM_WATCH_DELAY == 0 < WATCH_DELAY
