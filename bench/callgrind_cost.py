@@ -96,12 +96,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-c", "--connections", type=int, default=16, help="concurrency [16]")
     parser.add_argument("--stream", action="store_true", help="the streamed body instead")
     parser.add_argument("--baseline", type=Path, default=None, help="for trimproxy-base")
+    parser.add_argument(
+        "--keep", type=Path, default=None, help="keep the callgrind files here (callgrind_annotate)"
+    )
     args = parser.parse_args(argv)
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         print("bench/callgrind_cost.py needs valgrind (apt-get install valgrind)", file=sys.stderr)
         return 2
     targets = [t for t in args.targets.split(",") if t and t != "direct"]
     workdir = Path(tempfile.mkdtemp(prefix="trimproxy-callgrind-"))
+    if args.keep is not None:
+        args.keep.mkdir(parents=True, exist_ok=True)
+        workdir = args.keep
     body = overhead.chat_body(args.stream)
     sim = overhead.start_sim(workdir)
     costs: dict[str, float] = {}
@@ -117,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, cost in costs.items():
         ratio = f"{cost / floor:.2f}x floor" if floor else ""
         print(f"{name:<18}{cost:>12,.0f} Ir/request  {ratio}")
-    shutil.rmtree(workdir, ignore_errors=True)
+    if args.keep is None:
+        shutil.rmtree(workdir, ignore_errors=True)
     return 0
 
 

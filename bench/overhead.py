@@ -15,7 +15,12 @@ non-streaming and streaming, against:
   the cheapest Python proxy, so ``/aio`` says how far from the Python limit a target is
 * ``naive``        FastAPI + ``request.json()`` + httpx (``naive_fastapi_httpx.py``)
 
-and reports req/s, p50/p99 latency (``wrk --latency``), and CPU seconds per request
+Modes: ``plain`` (non-streamed), ``stream`` (16 SSE events sent at once) and ``paced``
+(streamed at an engine's pace: the sim turned to ``PACE`` tokens/s and ``PACED_TOKENS``
+events an answer through its ``/_sim/config``, so every event is a wake-up of its own,
+as from a real engine, instead of a burst that one read takes in).
+
+It reports req/s, p50/p99 latency (``wrk --latency``), and CPU seconds per request
 of the proxy process (``utime+stime`` from ``/proc/<pid>/stat`` before and after the
 cell), with ratios against ``direct``, ``floor`` and ``floor-aiohttp``. One target runs at a
 time; the sim stays up throughout. Results also go to ``bench/results/overhead.json``.
@@ -55,6 +60,15 @@ SIM_READY = "trimproxy-sim listening on "  # proxy.sim.cli.READY_PREFIX
 CHAT_PATH = "/v1/chat/completions"
 CONTEXT = 32_768
 TRIM_BUDGET = 1_000
+# The paced mode: the tiny CPU vLLM's decode pace at 16 streams, and vllm_serve.py's
+# 64 output tokens.
+PACE = 160.0
+PACED_TOKENS = 64
+_SIM_KNOBS = {
+    "plain": {"tokens_per_second": 0.0, "completion_tokens": 16},
+    "stream": {"tokens_per_second": 0.0, "completion_tokens": 16},
+    "paced": {"tokens_per_second": PACE, "completion_tokens": PACED_TOKENS},
+}
 ALL_TARGETS = (
     "direct",
     "trimproxy",
@@ -351,6 +365,17 @@ def measure(target: Server | None, sim: Server, url: str, body_file: Path, mode:
     )
 
 
+def pace_sim(sim: Server, mode: str) -> None:
+    """Set the sim's pace for ``mode`` (its ``/_sim/config``), before a cell of it."""
+    request = urllib.request.Request(
+        sim.url + "/_sim/config",
+        data=json.dumps(_SIM_KNOBS[mode]).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        resp.read()
+
+
 def check_trimming(url: str, body: bytes, expect_trim: bool) -> str:
     """One request through the proxy: did it trim as this variant should?"""
     request = urllib.request.Request(
@@ -451,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
         default="1,16,64",
         help="comma-separated wrk connection counts [1,16,64]",
     )
-    parser.add_argument("--modes", default="plain,stream", help="plain,stream")
+    parser.add_argument("--modes", default="plain,stream", help="plain,stream,paced")
     parser.add_argument("--json", type=Path, default=RESULTS, help=f"[{RESULTS}]")
     parser.add_argument(
         "--baseline",
@@ -475,13 +500,15 @@ def main(argv: list[str] | None = None) -> int:
     targets.sort(key=ALL_TARGETS.index)
     conns = [int(c) for c in args.connections.split(",")]
     modes = [m for m in args.modes.split(",") if m]
+    if set(modes) - set(_SIM_KNOBS):
+        parser.error(f"unknown modes: {', '.join(sorted(set(modes) - set(_SIM_KNOBS)))}")
     seconds = args.seconds or (1.0 if args.quick else 5.0)
     warmup = 0.5 if args.quick else 1.0
 
     workdir = Path(tempfile.mkdtemp(prefix="trimproxy-bench-"))
-    bodies = {m: workdir / f"body-{m}.json" for m in ("plain", "stream")}
+    bodies = {m: workdir / f"body-{m}.json" for m in _SIM_KNOBS}
     for mode, path in bodies.items():
-        path.write_bytes(chat_body(mode == "stream"))
+        path.write_bytes(chat_body(mode != "plain"))
     from proxy.sim.tokenizer import prompt_tokens
 
     sample = json.loads(bodies["plain"].read_bytes())
@@ -519,8 +546,10 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 print(f"{name}: {notes[name]}")
             for mode in modes:  # warm pools and caches on both paths
+                pace_sim(sim, mode)
                 run_wrk(url, bodies[mode], 16, warmup)
         for mode in modes:
+            pace_sim(sim, mode)
             for c in conns:
                 for name, server in servers.items():
                     url = sim.url if server is None else server.url

@@ -190,6 +190,8 @@ class Relay(Response):
         limit = self._capture_limit
         kept = 0
         read = self._upstream.content.readany  # b"" at the end
+        deadline = ReadDeadline.take_over(self._upstream)
+        now = asyncio.get_running_loop().time
         try:
             while chunk := await read():
                 if on_first_byte is not None:
@@ -201,7 +203,13 @@ class Relay(Response):
                         captured.append(chunk)
                     else:
                         captured = self._captured = None
-                await body_send({"type": "http.response.body", "body": chunk, "more_body": True})
+                message = {"type": "http.response.body", "body": chunk, "more_body": True}
+                if deadline is None:
+                    await body_send(message)
+                else:
+                    deadline.last = None  # a client that reads slowly is no idle upstream
+                    await body_send(message)
+                    deadline.last = now()
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             # The head is out already, so no error answer can follow: a stream gets a
             # final error event, and then every answer is broken off (RelayAborted),
@@ -214,6 +222,9 @@ class Relay(Response):
                 event = sse_error_event(error)
                 await body_send({"type": "http.response.body", "body": event, "more_body": True})
             raise RelayAborted(error.code) from None
+        finally:
+            if deadline is not None:
+                deadline.cancel()
         await body_send({"type": "http.response.body", "body": b"", "more_body": False})
 
     def _is_sse(self) -> bool:
@@ -242,6 +253,61 @@ class Relay(Response):
             {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
         )
         await send({"type": "http.response.body", "body": body})
+
+
+class ReadDeadline:
+    """The upstream's read timeout over a relayed body, kept lazily.
+
+    aiohttp's ``sock_read`` cancels and re-arms a loop timer on every read, which on
+    a stream is every SSE event. Here the relay only notes in ``last`` the loop time
+    at which it went back to waiting for the upstream (None while it is sending to
+    its client: a client that reads slowly holds the relay up, not the upstream);
+    one timer fires at the deadline of the wait it was armed for and, when a newer
+    wait began meanwhile, re-arms for that one's. The stream fails when the upstream
+    has sent nothing for ``TRIMPROXY_READ_TIMEOUT`` while the relay waited, with the
+    error aiohttp raises, at one timer per idle spell instead of one per event.
+    """
+
+    __slots__ = ("_handle", "_loop", "_stream", "_timeout", "last")
+
+    def __init__(self, stream: aiohttp.StreamReader, timeout: float) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stream = stream
+        self._timeout = timeout
+        self.last: float | None = self._loop.time()
+        self._handle: asyncio.TimerHandle | None = self._loop.call_at(
+            self.last + timeout, self._check
+        )
+
+    @classmethod
+    def take_over(cls, response: aiohttp.ClientResponse) -> ReadDeadline | None:
+        """Take the read timeout of ``response``'s connection from aiohttp (as aiohttp
+        does itself for websockets); None when it has none, and aiohttp keeps it."""
+        connection = response.connection
+        protocol = connection.protocol if connection is not None else None
+        timeout = getattr(protocol, "read_timeout", None)
+        if protocol is None or not timeout:
+            return None
+        # aiohttp sets it again for the connection's next request.
+        protocol.read_timeout = None
+        return cls(response.content, timeout)
+
+    def _check(self) -> None:
+        now = self._loop.time()
+        last = self.last
+        due = (now if last is None else last) + self._timeout
+        if now < due:  # sending to the client, or a newer wait since the timer was armed
+            self._handle = self._loop.call_at(due, self._check)
+            return
+        self._handle = None
+        self._stream.set_exception(
+            aiohttp.ServerTimeoutError("Timeout on reading data from socket")
+        )
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
 
 
 class CancelOnDisconnect:

@@ -74,6 +74,30 @@ def split_turns(messages: Sequence[Message]) -> Turns:
     return Turns(head, tuple(starts), first_is_user)
 
 
+def _turn_sizes(
+    messages: Sequence[Message], per: Sequence[int]
+) -> tuple[int, list[int], list[int]]:
+    """``split_turns``'s head and starts, and each turn's summed count, in one pass."""
+    n = len(messages)
+    head = 0
+    while head < n and messages[head].get("role") in HEAD_ROLES:
+        head += 1
+    # The message at head opens the first turn whatever its role (a leading non-user
+    # turn when it is not a user message); every later user message opens one.
+    starts = [head] if head < n else []
+    sizes: list[int] = []
+    size = 0
+    for i in range(head, n):
+        if i != head and messages[i].get("role") == "user":
+            starts.append(i)
+            sizes.append(size)
+            size = 0
+        size += per[i]
+    if starts:
+        sizes.append(size)
+    return head, starts, sizes
+
+
 def trim(
     messages: Sequence[Message],
     count: PromptCount,
@@ -99,26 +123,25 @@ def trim(
         # conversation fits, no step of it was ever over the budget: nothing to cut.
         return TrimResult(tuple(range(n)), count.total, None)
     per = count.per_message
-    turns = split_turns(messages)
-    head, starts = turns.head, turns.starts
-    bounds = (*starts, n)
-    sizes = [sum(per[a:b]) for a, b in pairwise(bounds)]
+    head, starts, sizes = _turn_sizes(messages, per)
+    first_is_user = not starts or messages[head].get("role") == "user"
     fixed = count.overhead + sum(per[:head])
     reason: str | None = None
 
-    # Turns the replay may drop, oldest first. The last turn is never dropped (the
-    # replay stops at it); a leading non-user turn goes with the first cut, so the
-    # kept history always starts with a user message once anything was dropped.
-    droppable = list(range(len(starts)))
+    # Turns the replay may drop, oldest first: [first_droppable, len(starts)). The
+    # last turn is never dropped (the replay stops at it); a leading non-user turn
+    # goes with the first cut, so the kept history always starts with a user message
+    # once anything was dropped.
+    first_droppable = 0
     pinned: int | None = None
     if policy.pin_first_user:
-        first_user = 0 if turns.first_is_user else 1
+        first_user = 0 if first_is_user else 1
         if first_user < len(starts) - 1:
             pinned = first_user
     if history_start > 0 and starts:
         reset_turn = next((i for i, s in enumerate(starts) if s >= history_start), len(starts) - 1)
         if reset_turn > 0:
-            droppable = droppable[reset_turn:]
+            first_droppable = reset_turn
             reason = "session"
             if pinned is not None and pinned < reset_turn:
                 pinned = None  # a reset drops the whole earlier history, pins included
@@ -128,16 +151,17 @@ def trim(
     # Every turn opens with its user message but a leading non-user turn (one
     # request's worth: it is all there was before the first user message).
     openings = [per[s] for s in starts]
-    if starts and not turns.first_is_user:
+    if not first_is_user:
         openings[0] = sizes[0]
-    cut_reason, kept_turns, tokens = _choose(sizes, openings, fixed, droppable, pinned, policy)
+    cut_reason, kept_turns, tokens = _choose(
+        sizes, openings, fixed, first_droppable, pinned, policy
+    )
     if pinned is not None and policy.budget is not None and tokens > policy.budget:
         # The pin is a preference; only the system block and the last turn are musts.
-        cut_reason, kept_turns, tokens = _choose(sizes, openings, fixed, droppable, None, policy)
+        cut_reason, kept_turns, tokens = _choose(
+            sizes, openings, fixed, first_droppable, None, policy
+        )
     reason = cut_reason or reason
-    kept = list(range(head))
-    for t in kept_turns:
-        kept.extend(range(bounds[t], bounds[t + 1]))
     if policy.budget is not None and tokens > policy.budget:
         raise ContextLengthExceeded(
             f"This conversation needs {tokens} prompt tokens even after dropping every "
@@ -146,27 +170,41 @@ def trim(
             f"or lower max_tokens.",
             param="messages",
         )
+    if isinstance(kept_turns, int):  # the turns from kept_turns on: one run of messages
+        kept = (*range(head), *range(starts[kept_turns] if starts else n, n))
+    else:
+        bounds = (*starts, n)
+        runs = [range(head)]
+        runs.extend(range(bounds[t], bounds[t + 1]) for t in kept_turns)
+        kept = tuple(i for run in runs for i in run)
     if len(kept) == n:
         reason = None
-    return TrimResult(tuple(kept), tokens, reason)
+    return TrimResult(kept, tokens, reason)
 
 
 def _choose(
-    sizes: Sequence[int],
-    openings: Sequence[int],
+    sizes: list[int],
+    openings: list[int],
     fixed: int,
-    droppable: list[int],
+    first: int,
     pinned: int | None,
     policy: TrimPolicy,
-) -> tuple[str | None, list[int], int]:
-    """The reason for the cut (if any), the kept turn indices and their tokens."""
-    if pinned is not None:
-        droppable = [t for t in droppable if t != pinned]
-        fixed += sizes[pinned]
+) -> tuple[str | None, int | list[int], int]:
+    """The reason for the cut (if any), the kept turns and their tokens.
+
+    The turns ``[first, len(sizes))`` but ``pinned`` may be dropped. The kept turns
+    are the index of the first one kept when they run to the end without a gap (no
+    pin), else their list.
+    """
+    if pinned is None:
+        seq = sizes[first:]
+        cut, reason = _replay(seq, openings[first:], fixed, policy)
+        return reason, first + cut, fixed + sum(seq[cut:])
+    droppable = [t for t in range(first, len(sizes)) if t != pinned]
+    fixed += sizes[pinned]
     seq = [sizes[t] for t in droppable]
     cut, reason = _replay(seq, [openings[t] for t in droppable], fixed, policy)
-    kept_turns = sorted(([pinned] if pinned is not None else []) + droppable[cut:])
-    return reason, kept_turns, fixed + sum(seq[cut:])
+    return reason, sorted([pinned, *droppable[cut:]]), fixed + sum(seq[cut:])
 
 
 def _replay(
@@ -186,27 +224,31 @@ def _replay(
     if n == 0:
         return 0, None
     prefix = [0, *accumulate(sizes)]
+    # Step k's newest part: turn k's opening, but the last step's last turn is whole.
+    newest_at = [*openings[:-1], sizes[-1]]
     budget = policy.budget
     low = None if budget is None else max(0, int(budget * policy.target)) - fixed
     high = None if budget is None else budget - fixed
     max_turns = policy.max_history_turns
     low_turns = None if max_turns is None else max(1, int(max_turns * policy.target))
     cut = 0
+    base = 0  # prefix[cut]
     reason: str | None = None
-    for k in range(n):
-        newest = sizes[k] if k == n - 1 else openings[k]
-        if high is not None and prefix[k] - prefix[cut] + newest > high:
+    for k, (before, newest) in enumerate(zip(prefix, newest_at)):
+        if high is not None and before - base + newest > high:
             # Over the budget: advance to the low-water mark, else the high one.
             assert low is not None
             c = cut
-            while c < k and prefix[k] - prefix[c] + newest > low:
+            while c < k and before - prefix[c] + newest > low:
                 c += 1
-            if prefix[k] - prefix[c] + newest > low:
+            if before - prefix[c] + newest > low:
                 c = cut
-                while c < k and prefix[k] - prefix[c] + newest > high:
+                while c < k and before - prefix[c] + newest > high:
                     c += 1
             cut, reason = c, "budget"
+            base = prefix[cut]
         if max_turns is not None and k + 1 - cut > max_turns:
             assert low_turns is not None
             cut, reason = k + 1 - low_turns, "max_turns"
+            base = prefix[cut]
     return cut, reason

@@ -10,6 +10,7 @@ on), whatever dialect the upstream streams in.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -181,6 +182,60 @@ def test_stream_that_stalls_past_the_read_timeout_breaks_off_with_an_error_event
     assert b'data: {"error"' in b"".join(chunks)
     assert b"upstream_timeout" in b"".join(chunks)
     assert errors(proxy, "timeout") == before + 1
+
+
+def test_a_stream_slower_than_the_read_timeout_but_never_idle_that_long_completes(
+    proxy: ProxyProcess, bad_upstream: BadUpstream
+) -> None:
+    # 6 events 0.6 s apart: 3.6 s in all against the module's 2 s read timeout. The
+    # timeout is kept per read (relay.ReadDeadline), so none of the gaps trips it.
+    bad_upstream.behave("slow_sse", events=6, gap=0.6)
+    before = errors(proxy, "timeout")
+    began = time.monotonic()
+    with httpx.stream("POST", proxy.url + CHAT, json={**HELLO, "stream": True}, timeout=30) as r:
+        body = b"".join(r.iter_raw())
+    assert time.monotonic() - began > 3.0
+    assert body.count(b'"content"') == 6 and body.endswith(b"data: [DONE]\n\n")
+    assert b"error" not in body
+    assert errors(proxy, "timeout") == before
+
+
+def test_a_client_that_stops_reading_for_longer_than_the_read_timeout_is_no_upstream_timeout(
+    proxy: ProxyProcess, bad_upstream: BadUpstream
+) -> None:
+    # 24 MiB at once: more than the socket buffers hold, so the relay waits on its
+    # client's reads for the 3 s the client sleeps (the read timeout is 2 s). The
+    # upstream sent everything; only the client was slow.
+    bad_upstream.behave("slow_sse", events=192, gap=0, pad=128 << 10)
+    before = errors(proxy, "timeout")
+    with httpx.stream("POST", proxy.url + CHAT, json={**HELLO, "stream": True}, timeout=30) as r:
+        chunks = r.iter_raw()
+        first = next(chunks)
+        time.sleep(3)
+        body = first + b"".join(chunks)
+    assert body.count(b'"content"') == 192 and body.endswith(b"data: [DONE]\n\n")
+    assert b'"error"' not in body
+    assert errors(proxy, "timeout") == before
+
+
+def test_a_stream_that_stalls_after_events_times_out_a_read_timeout_after_the_last(
+    proxy: ProxyProcess, bad_upstream: BadUpstream
+) -> None:
+    # 3 events 0.8 s apart, then silence: the error event comes 2 s (the read timeout)
+    # after the last event, not 2 s after the head (which was 2.4 s before it).
+    bad_upstream.behave("hang_body", events=3, gap=0.8)
+    last_event = error_at = 0.0
+    with (
+        pytest.raises(httpx.RemoteProtocolError),
+        httpx.stream("POST", proxy.url + CHAT, json={**HELLO, "stream": True}, timeout=30) as r,
+    ):
+        for chunk in r.iter_raw():
+            if b'"content"' in chunk:
+                last_event = time.monotonic()
+            if b'data: {"error"' in chunk:
+                error_at = time.monotonic()
+    assert last_event and error_at
+    assert 1.8 <= error_at - last_event <= 3.5
 
 
 def test_hung_upstream_is_504_naming_the_read_timeout(

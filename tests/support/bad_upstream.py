@@ -25,7 +25,11 @@ Behaviours (``behave(name, path=None, **options)``):
 * ``cut_sse``: an SSE stream of ``events`` chunks (``dialect`` vllm or fastchat),
   then a close with no ``[DONE]`` and no last chunk.
 * ``hang``: reads the request and never answers; ``hang_body``: sends the head of
-  a streaming answer and then nothing.
+  a streaming answer, ``events`` SSE events (default none) ``gap`` seconds apart,
+  and then nothing.
+* ``slow_sse``: a whole SSE answer, ``events`` events ``gap`` seconds apart, then
+  ``[DONE]`` and the last chunk: slower in all than a read timeout, never idle as long;
+  ``pad`` makes each event's text that many bytes longer.
 """
 
 from __future__ import annotations
@@ -80,12 +84,13 @@ def models_body(model: str = "bad-model", max_model_len: int = 4096) -> bytes:
     return json.dumps({"object": "list", "data": [entry]}).encode()
 
 
-def sse_event(index: int, dialect: str) -> bytes:
+def sse_event(index: int, dialect: str, pad: int = 0) -> bytes:
+    text = f"w{index} " + "x" * pad
     if dialect == "fastchat":
         chunk: dict[str, Any] = {
             "id": "chatcmpl-bad",
             "model": "bad-model",
-            "choices": [{"index": 0, "delta": {"content": f"w{index} "}, "finish_reason": None}],
+            "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}],
         }
     else:
         chunk = {
@@ -93,7 +98,7 @@ def sse_event(index: int, dialect: str) -> bytes:
             "object": "chat.completion.chunk",
             "created": 0,
             "model": "bad-model",
-            "choices": [{"index": 0, "delta": {"content": f"w{index} "}, "finish_reason": None}],
+            "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}],
         }
     return b"data: " + json.dumps(chunk).encode() + b"\n\n"
 
@@ -222,11 +227,22 @@ class BadUpstream(Stack):
         if rule.name == "hang":
             await asyncio.sleep(3600)
             return False
-        if rule.name == "hang_body":
+        if rule.name in ("hang_body", "slow_sse"):
             writer.write(_head(200, [(b"content-type", b"text/event-stream")], chunked=True))
             await writer.drain()
-            await asyncio.sleep(3600)
-            return False
+            default_events = 0 if rule.name == "hang_body" else 3
+            for index in range(int(opts.get("events", default_events))):
+                await asyncio.sleep(float(opts.get("gap", 0.1)))
+                event = sse_event(index, "vllm", pad=int(opts.get("pad", 0)))
+                writer.write(b"%x\r\n%s\r\n" % (len(event), event))
+                await writer.drain()
+            if rule.name == "hang_body":
+                await asyncio.sleep(3600)
+                return False
+            done = b"data: [DONE]\n\n"
+            writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
+            await writer.drain()
+            return True
         raise ValueError(f"unknown behaviour {rule.name!r}")
 
 

