@@ -10,6 +10,7 @@ counted. Prints Ir (instructions) per request and the ratio to ``floor``.
 
     .venv/bin/python bench/callgrind_cost.py                       # ~8 min: 3 targets
     .venv/bin/python bench/callgrind_cost.py --targets trimproxy,floor --requests 200
+    .venv/bin/python bench/callgrind_cost.py --paced -c 1 --requests 100 --warmup 10
 
 Needs valgrind (``apt-get install valgrind``); a target starts in 1-2 minutes under it.
 """
@@ -95,6 +96,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=64, help="requests before [64]")
     parser.add_argument("-c", "--connections", type=int, default=16, help="concurrency [16]")
     parser.add_argument("--stream", action="store_true", help="the streamed body instead")
+    parser.add_argument(
+        "--paced",
+        action="store_true",
+        help="streamed at an engine's pace (overhead.py's paced mode; use -c 1: under "
+        "valgrind a proxy keeps up with one such stream, not sixteen)",
+    )
     parser.add_argument("--baseline", type=Path, default=None, help="for trimproxy-base")
     parser.add_argument(
         "--keep", type=Path, default=None, help="keep the callgrind files here (callgrind_annotate)"
@@ -108,8 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.keep is not None:
         args.keep.mkdir(parents=True, exist_ok=True)
         workdir = args.keep
-    body = overhead.chat_body(args.stream)
+    body = overhead.chat_body(args.stream or args.paced)
     sim = overhead.start_sim(workdir)
+    if args.paced:
+        overhead.pace_sim(sim, "paced")
     costs: dict[str, float] = {}
     try:
         for name in targets:
@@ -118,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         sim.stop()
     floor = costs.get(overhead.FLOOR)
-    mode = "streamed" if args.stream else "non-streamed"
+    mode = "paced" if args.paced else "streamed" if args.stream else "non-streamed"
     print(f"\n{mode}, c={args.connections}, {args.requests} requests after {args.warmup}:")
     for name, cost in costs.items():
         ratio = f"{cost / floor:.2f}x floor" if floor else ""

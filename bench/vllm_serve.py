@@ -104,6 +104,13 @@ def run_client(
     return result
 
 
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of one process (clock-tick resolution)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _show_failures(log: str) -> None:
     """The proxy's access lines for answers that were not 200, and its warnings."""
     shown = 0
@@ -149,16 +156,22 @@ def main(argv: list[str] | None = None) -> int:
                                     startup_timeout=180).start()  # fmt: skip
         with ProxyProcess(settings=settings, startup_timeout=180) as proxy:
             arms = {"straight": engine.base_url, "trimproxy": proxy.url}
+            pids = {"trimproxy": proxy.process.pid}
             if baseline is not None:
                 arms["baseline"] = baseline.url
+                pids["baseline"] = baseline.process.pid
 
             def one(arm: str, seed: int, warm: bool) -> None:
                 load = os.getloadavg()[0]
                 began = time.monotonic()
+                pid = pids.get(arm)
+                cpu = cpu_seconds(pid) if pid else 0.0
                 result = run_client(python, arms[arm], engine.model, model_dir, args.prompts,
                                     args.concurrency, seed, workdir)  # fmt: skip
+                # The proxy's own CPU: what it takes from the engine on shared cores.
+                proxy_cpu = (cpu_seconds(pid) - cpu) / args.prompts * 1e3 if pid else None
                 row = {"arm": arm, "seed": seed, "warmup": warm, "load_before": load,
-                       "wall_s": time.monotonic() - began,
+                       "wall_s": time.monotonic() - began, "proxy_cpu_ms_per_request": proxy_cpu,
                        **{m: result.get(m) for m in _KEPT}}  # fmt: skip
                 runs.append(row)
                 print(json.dumps(row), flush=True)
@@ -215,8 +228,10 @@ def main(argv: list[str] | None = None) -> int:
             itl = statistics.median(r["median_itl_ms"] for r in rows)
             ttft = statistics.median(r["median_ttft_ms"] for r in rows)
             tpot = statistics.median(r["median_tpot_ms"] or 0 for r in rows)
+            cpus = [r["proxy_cpu_ms_per_request"] for r in rows if r["proxy_cpu_ms_per_request"]]
+            cpu = f"  proxy CPU {statistics.median(cpus):.2f} ms/request" if cpus else ""
             print(f"{arm:<10} req/s {rps:.2f}  median ITL {itl:.1f} ms  median TTFT {ttft:.1f} ms"
-                  f"  median TPOT {tpot:.1f} ms")  # fmt: skip
+                  f"  median TPOT {tpot:.1f} ms{cpu}")  # fmt: skip
     args.json.parent.mkdir(parents=True, exist_ok=True)
     report = {"when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "cpus": os.cpu_count(),
               "args": {k: str(v) for k, v in vars(args).items()}, "runs": runs,

@@ -184,6 +184,12 @@ def test_stream_that_stalls_past_the_read_timeout_breaks_off_with_an_error_event
     assert errors(proxy, "timeout") == before + 1
 
 
+def assert_whole_stream(body: bytes, events: int) -> None:
+    """Every event of the upstream's answer and its end came through, and no error."""
+    assert body.count(b'"content"') == events and body.endswith(b"data: [DONE]\n\n")
+    assert b'"error"' not in body
+
+
 def test_a_stream_slower_than_the_read_timeout_but_never_idle_that_long_completes(
     proxy: ProxyProcess, bad_upstream: BadUpstream
 ) -> None:
@@ -195,8 +201,7 @@ def test_a_stream_slower_than_the_read_timeout_but_never_idle_that_long_complete
     with httpx.stream("POST", proxy.url + CHAT, json={**HELLO, "stream": True}, timeout=30) as r:
         body = b"".join(r.iter_raw())
     assert time.monotonic() - began > 3.0
-    assert body.count(b'"content"') == 6 and body.endswith(b"data: [DONE]\n\n")
-    assert b"error" not in body
+    assert_whole_stream(body, events=6)
     assert errors(proxy, "timeout") == before
 
 
@@ -213,8 +218,7 @@ def test_a_client_that_stops_reading_for_longer_than_the_read_timeout_is_no_upst
         first = next(chunks)
         time.sleep(3)
         body = first + b"".join(chunks)
-    assert body.count(b'"content"') == 192 and body.endswith(b"data: [DONE]\n\n")
-    assert b'"error"' not in body
+    assert_whole_stream(body, events=192)
     assert errors(proxy, "timeout") == before
 
 
