@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import accumulate, pairwise
+from itertools import accumulate
 
 from proxy.errors import ContextLengthExceeded
 from proxy.types import Message, PromptCount
@@ -62,29 +62,24 @@ class Turns:
 
 
 def split_turns(messages: Sequence[Message]) -> Turns:
-    n = len(messages)
-    head = 0
-    while head < n and messages[head].get("role") in HEAD_ROLES:
-        head += 1
-    starts = [i for i in range(head, n) if messages[i].get("role") == "user"]
-    first_is_user = True
-    if head < n and (not starts or starts[0] != head):
-        starts.insert(0, head)
-        first_is_user = False
+    head, starts, _, first_is_user = turn_sizes(messages, [0] * len(messages))
     return Turns(head, tuple(starts), first_is_user)
 
 
-def _turn_sizes(
+def turn_sizes(
     messages: Sequence[Message], per: Sequence[int]
-) -> tuple[int, list[int], list[int]]:
-    """``split_turns``'s head and starts, and each turn's summed count, in one pass."""
+) -> tuple[int, list[int], list[int], bool]:
+    """``split_turns`` in one pass, with each turn's summed count: head, starts, sizes
+    and first_is_user, without building a ``Turns`` (trimming runs it per request)."""
     n = len(messages)
     head = 0
     while head < n and messages[head].get("role") in HEAD_ROLES:
         head += 1
+    if head == n:
+        return head, [], [], True
     # The message at head opens the first turn whatever its role (a leading non-user
     # turn when it is not a user message); every later user message opens one.
-    starts = [head] if head < n else []
+    starts = [head]
     sizes: list[int] = []
     size = 0
     for i in range(head, n):
@@ -93,9 +88,8 @@ def _turn_sizes(
             sizes.append(size)
             size = 0
         size += per[i]
-    if starts:
-        sizes.append(size)
-    return head, starts, sizes
+    sizes.append(size)
+    return head, starts, sizes, messages[head].get("role") == "user"
 
 
 def trim(
@@ -123,8 +117,7 @@ def trim(
         # conversation fits, no step of it was ever over the budget: nothing to cut.
         return TrimResult(tuple(range(n)), count.total, None)
     per = count.per_message
-    head, starts, sizes = _turn_sizes(messages, per)
-    first_is_user = not starts or messages[head].get("role") == "user"
+    head, starts, sizes, first_is_user = turn_sizes(messages, per)
     fixed = count.overhead + sum(per[:head])
     reason: str | None = None
 
@@ -234,7 +227,8 @@ def _replay(
     cut = 0
     base = 0  # prefix[cut]
     reason: str | None = None
-    for k, (before, newest) in enumerate(zip(prefix, newest_at)):
+    # prefix has one entry more than there are steps: the total, never a step's start.
+    for k, (before, newest) in enumerate(zip(prefix, newest_at, strict=False)):
         if high is not None and before - base + newest > high:
             # Over the budget: advance to the low-water mark, else the high one.
             assert low is not None

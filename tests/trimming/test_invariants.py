@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.errors import ContextLengthExceeded
-from proxy.trimming import TrimPolicy, split_turns, trim
+from proxy.trimming import TrimPolicy, Turns, split_turns, trim, turn_sizes
 from proxy.types import Message, PromptCount
 
 TEXTS = st.sampled_from(
@@ -156,6 +156,24 @@ def test_invariants(case: tuple[list[Message], PromptCount, TrimPolicy]) -> None
     if policy.max_history_turns is not None:
         kept_turns = sum(1 for a in turns.starts if a in result.kept)
         assert kept_turns <= policy.max_history_turns + (1 if policy.pin_first_user else 0)
+
+
+@PROPS
+@given(cases())
+def test_turns_open_at_the_first_message_after_the_head_and_at_every_user_message(
+    case: tuple[list[Message], PromptCount, TrimPolicy],
+) -> None:
+    messages, count, _ = case
+    per = count.per_message
+    roles = [m["role"] for m in messages]
+    n = len(roles)
+    head = next((i for i, r in enumerate(roles) if r not in ("system", "developer")), n)
+    starts = sorted({i for i in range(head + 1, n) if roles[i] == "user"} | {head} - {n})
+    got = turn_sizes(messages, per)
+    assert got[:2] == (head, starts)
+    assert got[2] == [sum(per[a:b]) for a, b in pairwise((*starts, n))]
+    assert got[3] == (head == n or roles[head] == "user")
+    assert split_turns(messages) == Turns(head, tuple(starts), got[3])
 
 
 @PROPS
