@@ -23,25 +23,23 @@ def _nice_of(pid: int) -> int:
     return int(fields[16])
 
 
-def _wait_for_exec(pid: int) -> None:
-    # ``nice -n`` sets the value and then execs the command: until then the child is
-    # ``nice`` itself, at the parent's value.
+def _wait_for_exec(pid: int, argv: list[str]) -> None:
+    # Until the child runs ``argv`` itself it may still be the forked test process or
+    # ``nice``, which sets the value and then execs the command: both at the parent's
+    # value. Only the command's own command line says the value is final.
+    want = b"".join(arg.encode() + b"\0" for arg in argv)
     deadline = time.monotonic() + 10
-    while Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"nice\0"):
+    while Path(f"/proc/{pid}/cmdline").read_bytes() != want:
         assert time.monotonic() < deadline, "the child never ran its command"
         time.sleep(0.01)
 
 
 def _sleeper(tmp_path: Path, nice: int = 0) -> subprocess.Popen[bytes]:
+    argv = [sys.executable, "-c", "import time; time.sleep(60)"]
     proc = start_process(
-        "sleeper",
-        [sys.executable, "-c", "import time; time.sleep(60)"],
-        log=tmp_path / "sleeper.log",
-        env=child_env({}),
-        cwd=tmp_path,
-        nice=nice,
+        "sleeper", argv, log=tmp_path / "sleeper.log", env=child_env({}), cwd=tmp_path, nice=nice
     )
-    _wait_for_exec(proc.pid)
+    _wait_for_exec(proc.pid, argv)
     return proc
 
 
