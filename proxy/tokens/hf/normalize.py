@@ -68,6 +68,8 @@ def _part(part: Any) -> tuple[str, str | None]:
 
 def _content(content: Any, fmt: ContentFormat, role: str) -> tuple[Any, int]:
     """The content vLLM renders, and how many media parts it held (counted apart)."""
+    if fmt == "string" and content.__class__ is str:
+        return content, 0  # what the loop below makes of it: one text part, joined
     if content is None:
         parts: list[Any] = []
     elif isinstance(content, str):
