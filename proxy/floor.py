@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from proxy.trimming import HEAD_ROLES
+from proxy.trimming import head_length
 from proxy.types import Message
 
 _COUNTED_ROLES = frozenset(("system", "developer", "user"))
@@ -36,8 +36,11 @@ def _chars(content: Any) -> int:
 
 def prompt_floor(messages: Sequence[Message], max_token_chars: int) -> int:
     """Tokens that the kept part of ``messages`` needs at the very least."""
-    chars = sum(_chars(m.get("content")) for m in _kept_counted(messages))
-    return chars // (max_token_chars * _SLACK)
+    return _floor(_kept_counted(messages), max_token_chars)
+
+
+def _floor(kept: list[Message], max_token_chars: int) -> int:
+    return sum(_chars(m.get("content")) for m in kept) // (max_token_chars * _SLACK)
 
 
 def floor_over(messages: Sequence[Message], max_token_chars: int, budget: int) -> int | None:
@@ -51,7 +54,7 @@ def floor_over(messages: Sequence[Message], max_token_chars: int, budget: int) -
         rough += len(content) if isinstance(content, str) else _chars(content)
     if rough // (max_token_chars * _SLACK) <= budget:
         return None
-    floor = sum(_chars(m.get("content")) for m in kept) // (max_token_chars * _SLACK)
+    floor = _floor(kept, max_token_chars)
     return floor if floor > budget else None
 
 
@@ -60,9 +63,7 @@ def _kept_counted(messages: Sequence[Message]) -> list[Message]:
     them) whose text a template keeps: system, developer and user."""
     # From both ends: a conversation ends with its user message, one step back.
     n = len(messages)
-    head = 0
-    while head < n and messages[head].get("role") in HEAD_ROLES:
-        head += 1
+    head = head_length(messages)
     last = n - 1
     while last > head and messages[last].get("role") != "user":
         last -= 1

@@ -264,8 +264,9 @@ class ReadDeadline:
     its client: a client that reads slowly holds the relay up, not the upstream);
     one timer fires at the deadline of the wait it was armed for and, when a newer
     wait began meanwhile, re-arms for that one's. The stream fails when the upstream
-    has sent nothing for ``TRIMPROXY_READ_TIMEOUT`` while the relay waited, with the
-    error aiohttp raises, at one timer per idle spell instead of one per event.
+    has sent nothing for ``TRIMPROXY_READ_TIMEOUT`` while the relay waited, with an
+    ``aiohttp.ServerTimeoutError`` (the class of aiohttp's own), at one timer per idle
+    spell instead of one per event.
     """
 
     __slots__ = ("_handle", "_loop", "_stream", "_timeout", "last")

@@ -66,15 +66,22 @@ def split_turns(messages: Sequence[Message]) -> Turns:
     return Turns(head, tuple(starts), first_is_user)
 
 
+def head_length(messages: Sequence[Message]) -> int:
+    """How many messages the leading system/developer block holds."""
+    n = len(messages)
+    head = 0
+    while head < n and messages[head].get("role") in HEAD_ROLES:
+        head += 1
+    return head
+
+
 def turn_sizes(
     messages: Sequence[Message], per: Sequence[int]
 ) -> tuple[int, list[int], list[int], bool]:
     """``split_turns`` in one pass, with each turn's summed count: head, starts, sizes
     and first_is_user, without building a ``Turns`` (trimming runs it per request)."""
     n = len(messages)
-    head = 0
-    while head < n and messages[head].get("role") in HEAD_ROLES:
-        head += 1
+    head = head_length(messages)
     if head == n:
         return head, [], [], True
     # The message at head opens the first turn whatever its role (a leading non-user

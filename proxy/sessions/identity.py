@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from proxy.trimming import HEAD_ROLES
+from proxy.trimming import head_length
 from proxy.types import Message
 
 #: Hex characters of each prefix hash (8 bytes): a collision needs two
@@ -115,12 +115,7 @@ def identify(
 
 
 def _leading_head(messages: Sequence[Message]) -> list[Message]:
-    head: list[Message] = []
-    for message in messages:
-        if message.get("role") not in HEAD_ROLES:
-            break
-        head.append(message)
-    return head
+    return list(messages[: head_length(messages)])
 
 
 def hash_conversation(messages: Sequence[Message]) -> ConversationHashes:
