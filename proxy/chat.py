@@ -16,7 +16,9 @@ from proxy.errors import InvalidRequest
 from proxy.types import JSONObject, Message
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: a frozen dataclass sets every field through object.__setattr__ (~0.1 us
+# a field), and this one is built on every request (issue 17). Treat it as read-only.
+@dataclass(slots=True)
 class ChatRequest:
     body: JSONObject
     messages: list[Message]
@@ -56,6 +58,15 @@ def _check_nesting(body: JSONObject) -> None:
         ) from None
 
 
+def _bad_message(messages: list[Any]) -> InvalidRequest:
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            return InvalidRequest(f"messages[{i}] must be an object.", param="messages")
+        if not isinstance(message.get("role"), str):
+            return InvalidRequest(f"messages[{i}] has no 'role' string.", param="messages")
+    raise AssertionError("every message has a role string")
+
+
 def parse_chat(raw: bytes) -> ChatRequest:
     try:
         body: Any = orjson.loads(raw)
@@ -75,11 +86,11 @@ def parse_chat(raw: bytes) -> ChatRequest:
         raise InvalidRequest("'messages' must be a list of message objects.", param="messages")
     if not messages:
         raise InvalidRequest("'messages' must hold at least one message.", param="messages")
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise InvalidRequest(f"messages[{i}] must be an object.", param="messages")
-        if not isinstance(message.get("role"), str):
-            raise InvalidRequest(f"messages[{i}] has no 'role' string.", param="messages")
+    for message in messages:
+        # orjson builds plain dicts and strs, so a class check is the isinstance one,
+        # at two thirds of the cost on every message; the error says which one.
+        if message.__class__ is not dict or message.get("role").__class__ is not str:
+            raise _bad_message(messages)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise InvalidRequest("'model' must be a string.", param="model")

@@ -67,11 +67,12 @@ def _kept_counted(messages: Sequence[Message]) -> list[Message]:
     last = n - 1
     while last > head and messages[last].get("role") != "user":
         last -= 1
-    return [
-        m
-        for i in (*range(head), *range(max(last, head), n))
-        if (m := messages[i]).get("role") in _COUNTED_ROLES
-    ]
+    # The head is all system and developer messages: counted, every one.
+    kept = list(messages[:head])
+    for i in range(max(last, head), n):
+        if messages[i].get("role") in _COUNTED_ROLES:
+            kept.append(messages[i])
+    return kept
 
 
 def size_floor(body_bytes: int, max_token_chars: int) -> int:

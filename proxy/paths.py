@@ -47,7 +47,9 @@ class BadPath(ValueError):
         self.reason = reason
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: a frozen dataclass sets every field through object.__setattr__ (~0.1 us
+# a field), and this one is built on every request (issue 17). Treat it as read-only.
+@dataclass(slots=True)
 class RoutedPath:
     path: str
     """The normalised path, percent-encoded: routed on and forwarded byte for byte."""

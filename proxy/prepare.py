@@ -26,7 +26,7 @@ from proxy.floor import floor_over, max_token_chars, size_floor
 from proxy.logs import RequestFacts
 from proxy.metrics import OTHER_MODEL, ModelSeries
 from proxy.sessions.gate import SESSION_ID
-from proxy.trimming import TrimPolicy, TrimResult, trim
+from proxy.trimming import TrimPolicy, TrimResult, fits_whole, trim
 from proxy.types import PromptCount
 
 #: Response header: the prompt tokens forwarded.
@@ -37,7 +37,9 @@ TRIMMED_MESSAGES = "x-trimproxy-trimmed-messages"
 _RECOUNTS = 4
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: a frozen dataclass sets every field through object.__setattr__ (~0.1 us
+# a field), and this one is built on every request (issue 17). Treat it as read-only.
+@dataclass(slots=True)
 class Prepared:
     """What to send upstream, and what the answer and the log say about it."""
 
@@ -90,22 +92,21 @@ async def budget_for(svc: Services, chat: ChatRequest) -> int | None:
     ``context - max_new_tokens - 1`` prompt tokens and silently drops the first one
     of a prompt that fills the rest exactly. vLLM loses nothing by it.
     """
-    settings = svc.settings
-    reserve = completion_reserve(svc, chat)
+    limit = svc.settings.max_prompt_tokens or None
     window = await context_window(svc, chat)
-    limits = [settings.max_prompt_tokens] if settings.max_prompt_tokens else []
-    if window is not None:
-        room = window - reserve - 1
-        if room < 1:
-            asked = "max_tokens" if chat.max_tokens else "TRIMPROXY_DEFAULT_COMPLETION_RESERVE"
-            raise ContextLengthExceeded(
-                f"This model's maximum context length is {window} tokens. However, you "
-                f"requested {reserve} completion tokens ({asked}), which leaves no room for "
-                "the prompt. Ask for fewer completion tokens.",
-                param="max_tokens" if chat.max_tokens else None,
-            )
-        limits.append(room)
-    return min(limits) if limits else None
+    if window is None:
+        return limit
+    reserve = completion_reserve(svc, chat)
+    room = window - reserve - 1
+    if room < 1:
+        asked = "max_tokens" if chat.max_tokens else "TRIMPROXY_DEFAULT_COMPLETION_RESERVE"
+        raise ContextLengthExceeded(
+            f"This model's maximum context length is {window} tokens. However, you "
+            f"requested {reserve} completion tokens ({asked}), which leaves no room for "
+            "the prompt. Ask for fewer completion tokens.",
+            param="max_tokens" if chat.max_tokens else None,
+        )
+    return room if limit is None else min(limit, room)
 
 
 async def trim_within_budget(
@@ -145,18 +146,16 @@ async def trim_within_budget(
     )
 
 
-async def refuse_if_surely_too_long(
+def floor_if_surely_too_long(
     svc: Services, chat: ChatRequest, budget: int, body_bytes: int
-) -> None:
-    """400 before counting when the cheap floor (``proxy.floor``) is over the budget."""
+) -> int | None:
+    """The cheap floor (``proxy.floor``) when it is over the budget, before counting."""
     longest = max_token_chars(svc.counter)
     # The floor counts characters of the body's text, never more than its bytes: a
     # body that small cannot be over, and most are, so they skip the scan.
     if longest is None or size_floor(body_bytes, longest) <= budget:
-        return
-    floor = floor_over(chat.messages, longest, budget)
-    if floor is not None:
-        raise await too_long(svc, chat, floor, at_least=True)
+        return None
+    return floor_over(chat.messages, longest, budget)
 
 
 async def too_long(
@@ -207,35 +206,39 @@ async def prepare(
 
     budget = await budget_for(svc, chat)
     if budget is not None:
-        await refuse_if_surely_too_long(svc, chat, budget, len(raw))
+        floor = floor_if_surely_too_long(svc, chat, budget, len(raw))
+        if floor is not None:
+            raise await too_long(svc, chat, floor, at_least=True)
     count = await svc.counter.count(chat.messages, tools=chat.tools, model=chat.model)
     metrics = await model_series(svc, chat.model)
     metrics.prompt_received.observe(count.total)
     facts.prompt_tokens_received = count.total
-    policy = TrimPolicy(
-        budget=budget,
-        target=settings.trim_target,
-        max_history_turns=settings.max_history_turns,
-        pin_first_user=settings.pin_first_user,
-    )
-    try:
-        result, forwarded = await trim_within_budget(svc, chat, count, policy, history_start)
-    except ContextLengthExceeded as exc:
-        needed = exc.needed
-        if needed is None:  # what trimming keeps at the least: the head and the last turn
-            least = replace(policy, budget=None, max_history_turns=1)
-            needed = trim(chat.messages, count, least, history_start=history_start).tokens
-        raise await too_long(svc, chat, needed) from exc
-    dropped = result.dropped(len(chat.messages))
     reason: str | None = None
-    if dropped:
-        reason = result.reason or "budget"
-        body = with_messages(chat, [chat.messages[i] for i in result.kept])
-        metrics.trimmed_messages.inc(dropped)
-        metrics.trimmed_tokens.inc(max(0, count.total - forwarded))
-        metrics.trim_event(reason)
+    if fits_whole(count.total, budget, settings.max_history_turns, history_start):
+        forwarded, dropped, body = count.total, 0, raw  # the client's bytes, unchanged
     else:
-        body = raw  # nothing trimmed: the client's bytes, unchanged
+        policy = TrimPolicy(
+            budget=budget,
+            target=settings.trim_target,
+            max_history_turns=settings.max_history_turns,
+            pin_first_user=settings.pin_first_user,
+        )
+        try:
+            result, forwarded = await trim_within_budget(svc, chat, count, policy, history_start)
+        except ContextLengthExceeded as exc:
+            needed = exc.needed
+            if needed is None:  # what trimming keeps at the least: the head and the last turn
+                least = replace(policy, budget=None, max_history_turns=1)
+                needed = trim(chat.messages, count, least, history_start=history_start).tokens
+            raise await too_long(svc, chat, needed) from exc
+        dropped = result.dropped(len(chat.messages))
+        body = raw
+        if dropped:
+            reason = result.reason or "budget"
+            body = with_messages(chat, [chat.messages[i] for i in result.kept])
+            metrics.trimmed_messages.inc(dropped)
+            metrics.trimmed_tokens.inc(max(0, count.total - forwarded))
+            metrics.trim_event(reason)
     metrics.prompt_forwarded.observe(forwarded)
     facts.prompt_tokens_forwarded = forwarded
     facts.messages_dropped = dropped

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import accumulate
+from itertools import accumulate, pairwise
 
 from proxy.errors import ContextLengthExceeded
 from proxy.types import Message, PromptCount
@@ -30,7 +30,9 @@ from proxy.types import Message, PromptCount
 HEAD_ROLES = frozenset(("system", "developer"))
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: a frozen dataclass sets every field through object.__setattr__ (~0.1 us
+# a field), and this one is built on every request (issue 17). Treat it as read-only.
+@dataclass(slots=True)
 class TrimPolicy:
     budget: int | None
     target: float = 0.6
@@ -38,7 +40,9 @@ class TrimPolicy:
     pin_first_user: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: a frozen dataclass sets every field through object.__setattr__ (~0.1 us
+# a field), and this one is built on every request (issue 17). Treat it as read-only.
+@dataclass(slots=True)
 class TrimResult:
     kept: tuple[int, ...]
     """Indices into the input messages, ascending."""
@@ -99,6 +103,19 @@ def turn_sizes(
     return head, starts, sizes, messages[head].get("role") == "user"
 
 
+def fits_whole(
+    total: int, budget: int | None, max_history_turns: int | None, history_start: int = 0
+) -> bool:
+    """Whether ``trim`` keeps every message, known without looking at them: the common
+    case, which the chat route checks before it builds a policy.
+
+    Prompts only grow along the replay, so when the whole conversation fits, no step
+    of it was ever over the budget: nothing to cut. (A turn limit or a session's reset
+    point may still cut, so either one sends the request the long way.)
+    """
+    return history_start == 0 and max_history_turns is None and (budget is None or total <= budget)
+
+
 def trim(
     messages: Sequence[Message],
     count: PromptCount,
@@ -115,17 +132,15 @@ def trim(
     are over the budget.
     """
     n = len(messages)
-    if (
-        history_start == 0
-        and policy.max_history_turns is None
-        and (policy.budget is None or count.total <= policy.budget)
-    ):
-        # The common case. Prompts only grow along the replay, so when the whole
-        # conversation fits, no step of it was ever over the budget: nothing to cut.
+    if fits_whole(count.total, policy.budget, policy.max_history_turns, history_start):
         return TrimResult(tuple(range(n)), count.total, None)
     per = count.per_message
-    head, starts, sizes, first_is_user = turn_sizes(messages, per)
-    fixed = count.overhead + sum(per[:head])
+    head = head_length(messages)
+    # acc[i]: the tokens of messages [0, i). Every sum below is a difference of two.
+    acc = list(accumulate(per, initial=0))
+    starts = _turn_starts(messages, head)
+    first_is_user = head == n or messages[head].get("role") == "user"
+    fixed = count.overhead + acc[head]
     reason: str | None = None
 
     # Turns the replay may drop, oldest first: [first_droppable, len(starts)). The
@@ -145,21 +160,13 @@ def trim(
             reason = "session"
             if pinned is not None and pinned < reset_turn:
                 pinned = None  # a reset drops the whole earlier history, pins included
-    # What each turn weighed when it was the newest, i.e. in the request that ended
-    # with its user message: replaying with those weights makes every earlier step
-    # repeat exactly the decision that earlier request made.
-    # Every turn opens with its user message but a leading non-user turn (one
-    # request's worth: it is all there was before the first user message).
-    openings = [per[s] for s in starts]
-    if not first_is_user:
-        openings[0] = sizes[0]
     cut_reason, kept_turns, tokens = _choose(
-        sizes, openings, fixed, first_droppable, pinned, policy
+        acc, per, starts, first_is_user, fixed, first_droppable, pinned, policy
     )
     if pinned is not None and policy.budget is not None and tokens > policy.budget:
         # The pin is a preference; only the system block and the last turn are musts.
         cut_reason, kept_turns, tokens = _choose(
-            sizes, openings, fixed, first_droppable, None, policy
+            acc, per, starts, first_is_user, fixed, first_droppable, None, policy
         )
     reason = cut_reason or reason
     if policy.budget is not None and tokens > policy.budget:
@@ -182,9 +189,20 @@ def trim(
     return TrimResult(kept, tokens, reason)
 
 
+def _turn_starts(messages: Sequence[Message], head: int) -> list[int]:
+    """Where each turn opens: the message at ``head`` (whatever its role: a leading
+    non-user turn when it is not a user message) and every later user message."""
+    n = len(messages)
+    if head == n:
+        return []
+    return [head, *[i for i in range(head + 1, n) if messages[i].get("role") == "user"]]
+
+
 def _choose(
-    sizes: list[int],
-    openings: list[int],
+    acc: list[int],
+    per: Sequence[int],
+    starts: list[int],
+    first_is_user: bool,
     fixed: int,
     first: int,
     pinned: int | None,
@@ -192,47 +210,74 @@ def _choose(
 ) -> tuple[str | None, int | list[int], int]:
     """The reason for the cut (if any), the kept turns and their tokens.
 
-    The turns ``[first, len(sizes))`` but ``pinned`` may be dropped. The kept turns
+    The turns ``[first, len(starts))`` but ``pinned`` may be dropped. The kept turns
     are the index of the first one kept when they run to the end without a gap (no
     pin), else their list.
+
+    Each step of the replay adds one turn's *opening*: what the turn weighed when it
+    was the newest, i.e. in the request that ended with its user message, so every
+    earlier step repeats exactly the decision that earlier request made. That is the
+    turn's user message, but for a leading non-user turn (one request's worth: it is
+    all there was before the first user message); the last step's turn is whole.
     """
+    total = acc[-1]
     if pinned is None:
-        seq = sizes[first:]
-        cut, reason = _replay(seq, openings[first:], fixed, policy)
-        return reason, first + cut, fixed + sum(seq[cut:])
+        # The droppable turns run to the end: their prefix sums are acc's own.
+        turns = starts[first:]
+        if not turns:
+            return None, first, fixed
+        prefix = [acc[s] for s in turns]
+        prefix.append(total)
+        newest = [per[s] for s in turns]
+        if first == 0 and not first_is_user and len(turns) > 1:
+            newest[0] = acc[turns[1]] - acc[turns[0]]
+        newest[-1] = total - acc[turns[-1]]
+        cut, reason = _replay(prefix, newest, fixed, policy)
+        return reason, first + cut, fixed + total - prefix[cut]
+    bounds = (*starts, len(acc) - 1)
+    sizes = [acc[b] - acc[a] for a, b in pairwise(bounds)]
+    openings = [per[s] for s in starts]
+    if not first_is_user:
+        openings[0] = sizes[0]
     droppable = [t for t in range(first, len(sizes)) if t != pinned]
     fixed += sizes[pinned]
     seq = [sizes[t] for t in droppable]
-    cut, reason = _replay(seq, [openings[t] for t in droppable], fixed, policy)
-    return reason, sorted([pinned, *droppable[cut:]]), fixed + sum(seq[cut:])
+    if not seq:
+        return None, sorted([pinned]), fixed
+    prefix = [0, *accumulate(seq)]
+    newest = [openings[t] for t in droppable]
+    newest[-1] = seq[-1]
+    cut, reason = _replay(prefix, newest, fixed, policy)
+    return reason, sorted([pinned, *droppable[cut:]]), fixed + prefix[-1] - prefix[cut]
 
 
 def _replay(
-    sizes: Sequence[int], openings: Sequence[int], fixed: int, policy: TrimPolicy
+    prefix: Sequence[int], newest_at: Sequence[int], fixed: int, policy: TrimPolicy
 ) -> tuple[int, str | None]:
     """Replay the conversation's growth turn by turn and return the cut point.
 
     Step k is the request that ended with turn k's user message: turns ``[cut, k)``
-    whole plus turn k's opening; the last step is this request, its last turn whole.
+    whole plus turn k's opening (``newest_at[k]``); the last step is this request,
+    its last turn whole. ``prefix[k]`` is the running total before turn k, from any
+    origin (only differences are read), with one entry more than there are steps.
     When a step is over the budget (or over ``max_history_turns``), the cut moves
     forward until the prompt is at or under the low-water mark (``target`` x the
     limit); if that is impossible, as far as the limit itself allows, and at worst
     to k. The cut never moves back, so between cuts every prompt extends the
     previous one.
     """
-    n = len(sizes)
-    if n == 0:
-        return 0, None
-    prefix = [0, *accumulate(sizes)]
-    # Step k's newest part: turn k's opening, but the last step's last turn is whole.
-    newest_at = [*openings[:-1], sizes[-1]]
     budget = policy.budget
+    max_turns = policy.max_history_turns
+    if max_turns is None:
+        if budget is None:
+            return 0, None
+        low_water = max(0, int(budget * policy.target)) - fixed
+        return _replay_budget(prefix, newest_at, budget - fixed, low_water)
     low = None if budget is None else max(0, int(budget * policy.target)) - fixed
     high = None if budget is None else budget - fixed
-    max_turns = policy.max_history_turns
-    low_turns = None if max_turns is None else max(1, int(max_turns * policy.target))
+    low_turns = max(1, int(max_turns * policy.target))
     cut = 0
-    base = 0  # prefix[cut]
+    base = prefix[0]  # prefix[cut]
     reason: str | None = None
     # prefix has one entry more than there are steps: the total, never a step's start.
     for k, (before, newest) in enumerate(zip(prefix, newest_at, strict=False)):
@@ -248,8 +293,31 @@ def _replay(
                     c += 1
             cut, reason = c, "budget"
             base = prefix[cut]
-        if max_turns is not None and k + 1 - cut > max_turns:
-            assert low_turns is not None
+        if k + 1 - cut > max_turns:
             cut, reason = k + 1 - low_turns, "max_turns"
             base = prefix[cut]
+    return cut, reason
+
+
+def _replay_budget(
+    prefix: Sequence[int], newest_at: Sequence[int], high: int, low: int
+) -> tuple[int, str | None]:
+    """``_replay`` with a budget and no turn limit, the common policy: the same steps
+    with the turn limit's test taken out of the loop."""
+    cut = 0
+    base = prefix[0]
+    reason: str | None = None
+    for k, newest in enumerate(newest_at):
+        before = prefix[k]
+        if before - base + newest > high:
+            reason = "budget"
+            c = cut
+            while c < k and before - prefix[c] + newest > low:
+                c += 1
+            if before - prefix[c] + newest > low:
+                c = cut
+                while c < k and before - prefix[c] + newest > high:
+                    c += 1
+            cut = c
+            base = prefix[c]
     return cut, reason

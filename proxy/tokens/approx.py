@@ -123,6 +123,8 @@ class ApproxCounter:
         texts = self._texts
         lookup, touch = texts.lookups()
         estimate = estimate_text
+        framing = MESSAGE_OVERHEAD
+        min_chars = _CACHE_MIN_CHARS
         per_message: list[int] = []
         append = per_message.append
         hits = 0
@@ -131,19 +133,19 @@ class ApproxCounter:
             # len 2: role and content only. Plain str only: what JSON gives; a
             # subclass goes the long way, to the same estimate.
             if content.__class__ is str and len(message) == 2:
-                if len(content) >= _CACHE_MIN_CHARS:
-                    tokens = lookup(content)
+                if len(content) >= min_chars:
+                    tokens = lookup(content)  # the message's count, framing included
                     if tokens is None:
-                        tokens = estimate(content)
+                        tokens = framing + estimate(content)
                         texts.put(content, tokens)
                         texts.misses += 1
                     else:
                         touch(content)
                         hits += 1
-                    append(MESSAGE_OVERHEAD + tokens)
+                    append(tokens)
                     continue
                 if "role" in message:  # then nothing else estimate_message would read
-                    append(MESSAGE_OVERHEAD + estimate(content))
+                    append(framing + estimate(content))
                     continue
             append(estimate_message(message))
         texts.hits += hits

@@ -45,6 +45,8 @@ async def proxy(app_proxy: StartApp) -> InProcessProxy:
         (b'{"model": "m", "messages": []}', "messages", "at least one"),
         (b'{"model": "m", "messages": "hi"}', "messages", "list"),
         (b'{"model": "m", "messages": [{"content": "no role"}]}', "messages", "role"),
+        (b'{"model": "m", "messages": [{"role": "user"}, 1]}', "messages", "messages[1] must"),
+        (b'{"model": "m", "messages": [{"role": "user"}, {"role": 5}]}', "messages", "[1] has no"),
         (b'{"model": "m", "messages": [{"role": "user"}], "max_tokens": -3}', "max_tokens", ""),
         (b'{"model": 7, "messages": [{"role": "user"}]}', "model", "string"),
     ],
