@@ -282,16 +282,8 @@ def _replay(
     # prefix has one entry more than there are steps: the total, never a step's start.
     for k, (before, newest) in enumerate(zip(prefix, newest_at, strict=False)):
         if high is not None and before - base + newest > high:
-            # Over the budget: advance to the low-water mark, else the high one.
             assert low is not None
-            c = cut
-            while c < k and before - prefix[c] + newest > low:
-                c += 1
-            if before - prefix[c] + newest > low:
-                c = cut
-                while c < k and before - prefix[c] + newest > high:
-                    c += 1
-            cut, reason = c, "budget"
+            cut, reason = _cut_to(prefix, cut, k, before + newest, low, high), "budget"
             base = prefix[cut]
         if k + 1 - cut > max_turns:
             cut, reason = k + 1 - low_turns, "max_turns"
@@ -310,14 +302,20 @@ def _replay_budget(
     for k, newest in enumerate(newest_at):
         before = prefix[k]
         if before - base + newest > high:
-            reason = "budget"
-            c = cut
-            while c < k and before - prefix[c] + newest > low:
-                c += 1
-            if before - prefix[c] + newest > low:
-                c = cut
-                while c < k and before - prefix[c] + newest > high:
-                    c += 1
-            cut = c
-            base = prefix[c]
+            cut, reason = _cut_to(prefix, cut, k, before + newest, low, high), "budget"
+            base = prefix[cut]
     return cut, reason
+
+
+def _cut_to(prefix: Sequence[int], cut: int, k: int, prompt: int, low: int, high: int) -> int:
+    """The new cut when step k (``prompt``: its prefix plus its newest part) is over the
+    budget: forward to the low-water mark, else as far as the budget itself needs, at
+    worst to k."""
+    c = cut
+    while c < k and prompt - prefix[c] > low:
+        c += 1
+    if prompt - prefix[c] > low:
+        c = cut
+        while c < k and prompt - prefix[c] > high:
+            c += 1
+    return c
