@@ -30,8 +30,8 @@ from proxy.types import Message, PromptCount
 HEAD_ROLES = frozenset(("system", "developer"))
 
 
-# Not frozen: a frozen dataclass sets every field through object.__setattr__ (~0.1 us
-# a field), and this one is built on every request (issue 17). Treat it as read-only.
+# Not frozen, like proxy.types.PromptCount (a frozen init costs ~0.1 us a field and
+# this is built on every request). Treat it as read-only.
 @dataclass(slots=True)
 class TrimPolicy:
     budget: int | None
@@ -40,8 +40,8 @@ class TrimPolicy:
     pin_first_user: bool = False
 
 
-# Not frozen: a frozen dataclass sets every field through object.__setattr__ (~0.1 us
-# a field), and this one is built on every request (issue 17). Treat it as read-only.
+# Not frozen, like proxy.types.PromptCount (a frozen init costs ~0.1 us a field and
+# this is built on every request). Treat it as read-only.
 @dataclass(slots=True)
 class TrimResult:
     kept: tuple[int, ...]
@@ -66,7 +66,7 @@ class Turns:
 
 
 def split_turns(messages: Sequence[Message]) -> Turns:
-    head, starts, _, first_is_user = turn_sizes(messages, [0] * len(messages))
+    head, starts, first_is_user = _turns(messages)
     return Turns(head, tuple(starts), first_is_user)
 
 
@@ -82,25 +82,43 @@ def head_length(messages: Sequence[Message]) -> int:
 def turn_sizes(
     messages: Sequence[Message], per: Sequence[int]
 ) -> tuple[int, list[int], list[int], bool]:
-    """``split_turns`` in one pass, with each turn's summed count: head, starts, sizes
-    and first_is_user, without building a ``Turns`` (trimming runs it per request)."""
+    """``split_turns`` with each turn's summed count: head, starts, sizes and
+    first_is_user, as ``trim`` finds them."""
+    head, starts, first_is_user = _turns(messages)
+    return head, starts, _turn_sums(list(accumulate(per, initial=0)), starts), first_is_user
+
+
+def _turns(messages: Sequence[Message]) -> tuple[int, list[int], bool]:
+    """The one definition of a turn: the head's length, where each turn opens, and
+    whether the first turn is a user turn.
+
+    The message at the head opens the first turn whatever its role (a leading non-user
+    turn when it is not a user message); every later user message opens one.
+    """
     n = len(messages)
     head = head_length(messages)
     if head == n:
-        return head, [], [], True
-    # The message at head opens the first turn whatever its role (a leading non-user
-    # turn when it is not a user message); every later user message opens one.
-    starts = [head]
-    sizes: list[int] = []
-    size = 0
-    for i in range(head, n):
-        if i != head and messages[i].get("role") == "user":
-            starts.append(i)
-            sizes.append(size)
-            size = 0
-        size += per[i]
-    sizes.append(size)
-    return head, starts, sizes, messages[head].get("role") == "user"
+        return head, [], True
+    starts = [head, *[i for i in range(head + 1, n) if messages[i].get("role") == "user"]]
+    return head, starts, messages[head].get("role") == "user"
+
+
+def _turn_sums(acc: list[int], starts: list[int]) -> list[int]:
+    """Each turn's summed count, from the prefix sums ``acc`` of the per-message counts."""
+    return [acc[b] - acc[a] for a, b in pairwise((*starts, len(acc) - 1))]
+
+
+def _openings(
+    acc: list[int], per: Sequence[int], starts: list[int], first_is_user: bool
+) -> list[int]:
+    """What each turn weighed when it was the newest, i.e. in the request that ended
+    with its user message: the user message, but the whole of a leading non-user turn
+    (one request's worth: it is all there was before the first user message)."""
+    openings = [per[s] for s in starts]
+    if openings and not first_is_user:
+        end = starts[1] if len(starts) > 1 else len(acc) - 1
+        openings[0] = acc[end] - acc[starts[0]]
+    return openings
 
 
 def fits_whole(
@@ -135,11 +153,9 @@ def trim(
     if fits_whole(count.total, policy.budget, policy.max_history_turns, history_start):
         return TrimResult(tuple(range(n)), count.total, None)
     per = count.per_message
-    head = head_length(messages)
+    head, starts, first_is_user = _turns(messages)
     # acc[i]: the tokens of messages [0, i). Every sum below is a difference of two.
     acc = list(accumulate(per, initial=0))
-    starts = _turn_starts(messages, head)
-    first_is_user = head == n or messages[head].get("role") == "user"
     fixed = count.overhead + acc[head]
     reason: str | None = None
 
@@ -189,15 +205,6 @@ def trim(
     return TrimResult(kept, tokens, reason)
 
 
-def _turn_starts(messages: Sequence[Message], head: int) -> list[int]:
-    """Where each turn opens: the message at ``head`` (whatever its role: a leading
-    non-user turn when it is not a user message) and every later user message."""
-    n = len(messages)
-    if head == n:
-        return []
-    return [head, *[i for i in range(head + 1, n) if messages[i].get("role") == "user"]]
-
-
 def _choose(
     acc: list[int],
     per: Sequence[int],
@@ -214,13 +221,12 @@ def _choose(
     are the index of the first one kept when they run to the end without a gap (no
     pin), else their list.
 
-    Each step of the replay adds one turn's *opening*: what the turn weighed when it
-    was the newest, i.e. in the request that ended with its user message, so every
-    earlier step repeats exactly the decision that earlier request made. That is the
-    turn's user message, but for a leading non-user turn (one request's worth: it is
-    all there was before the first user message); the last step's turn is whole.
+    Each step of the replay adds one turn's opening (``_openings``), so every earlier
+    step repeats exactly the decision that earlier request made; the last step's turn
+    is whole.
     """
     total = acc[-1]
+    openings = _openings(acc, per, starts, first_is_user)
     if pinned is None:
         # The droppable turns run to the end: their prefix sums are acc's own.
         turns = starts[first:]
@@ -228,17 +234,11 @@ def _choose(
             return None, first, fixed
         prefix = [acc[s] for s in turns]
         prefix.append(total)
-        newest = [per[s] for s in turns]
-        if first == 0 and not first_is_user and len(turns) > 1:
-            newest[0] = acc[turns[1]] - acc[turns[0]]
+        newest = openings[first:]
         newest[-1] = total - acc[turns[-1]]
         cut, reason = _replay(prefix, newest, fixed, policy)
         return reason, first + cut, fixed + total - prefix[cut]
-    bounds = (*starts, len(acc) - 1)
-    sizes = [acc[b] - acc[a] for a, b in pairwise(bounds)]
-    openings = [per[s] for s in starts]
-    if not first_is_user:
-        openings[0] = sizes[0]
+    sizes = _turn_sums(acc, starts)
     droppable = [t for t in range(first, len(sizes)) if t != pinned]
     fixed += sizes[pinned]
     seq = [sizes[t] for t in droppable]

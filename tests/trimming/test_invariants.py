@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.errors import ContextLengthExceeded
-from proxy.trimming import TrimPolicy, Turns, split_turns, trim, turn_sizes
+from proxy.trimming import TrimPolicy, Turns, fits_whole, split_turns, trim, turn_sizes
 from proxy.types import Message, PromptCount
 
 TEXTS = st.sampled_from(
@@ -185,6 +185,31 @@ def test_nothing_dropped_when_it_fits(case: tuple[list[Message], PromptCount, Tr
     result = trim(messages, count, unbounded)
     assert result.kept == tuple(range(len(messages)))
     assert result.reason is None
+
+
+@PROPS
+@given(cases())
+def test_the_fits_whole_shortcut_agrees_with_the_replay(
+    case: tuple[list[Message], PromptCount, TrimPolicy],
+) -> None:
+    # The chat route skips trimming when fits_whole says so; the replay, run on the
+    # same conversation, must then keep everything too. A turn limit that can never
+    # bind (more turns than messages) sends the request the long way.
+    messages, count, policy = case
+    assert policy.budget is not None
+    budget = count.total + policy.budget % 7
+    assert fits_whole(count.total, budget, None)
+    long_way = TrimPolicy(
+        budget=budget,
+        target=policy.target,
+        max_history_turns=len(messages) + 1,
+        pin_first_user=policy.pin_first_user,
+    )
+    assert not fits_whole(count.total, budget, long_way.max_history_turns)
+    result = trim(messages, count, long_way)
+    assert result.kept == tuple(range(len(messages)))
+    assert (result.tokens, result.reason) == (count.total, None)
+    assert not fits_whole(count.total + 1, count.total, None)
 
 
 @st.composite
