@@ -220,9 +220,18 @@ def start_target(name: str, sim: Server, workdir: Path, baseline: Path | None = 
             env["PYTHONPATH"] = os.pathsep.join((str(baseline.resolve()), env["PYTHONPATH"]))
         server = _spawn(name, args, workdir, env)
     else:
-        script = FLOOR_SCRIPTS[name]
-        args = [sys.executable, str(BENCH / script), "--port", str(port), "--upstream", sim.url]
-        server = _spawn(name, args, workdir, _env({}))
+        return start_floor(name, sim.url, workdir)
+    server.url = f"http://127.0.0.1:{port}"
+    _wait_http(server, "/healthz")
+    return server
+
+
+def start_floor(name: str, upstream: str, workdir: Path) -> Server:
+    """One of the bare passthroughs (``FLOOR_SCRIPTS``) in front of ``upstream``."""
+    port = _free_port()
+    args = [sys.executable, str(BENCH / FLOOR_SCRIPTS[name]), "--port", str(port),
+            "--upstream", upstream]  # fmt: skip
+    server = _spawn(name, args, workdir, _env({}))
     server.url = f"http://127.0.0.1:{port}"
     _wait_http(server, "/healthz")
     return server

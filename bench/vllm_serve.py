@@ -1,24 +1,29 @@
 """The streamed path the way vLLM users measure it: vLLM's own benchmark client.
 
-One real vLLM engine (the test suite's CPU build and tiny model, ``tests/support``) and
-one ``trimproxy serve`` in front of it (``hf:`` counting with the model's own tokenizer,
-nothing trimmed). vLLM's ``vllm bench serve`` client (``vllm.benchmarks.serve``, run by
-the engine's venv) sends the same kind of load straight to the engine and through the
-proxy, alternated, each run with fresh random prompts (its own seed: neither the engine's
+One real vLLM engine (the test suite's CPU build and tiny model, ``tests/support``) and,
+in front of it, ``trimproxy serve`` (``hf:`` counting with the model's own tokenizer,
+nothing trimmed) and the bare passthroughs of ``bench/overhead.py``. vLLM's ``vllm bench
+serve`` client (``vllm.benchmarks.serve``, run by the engine's venv) sends the same kind
+of load straight to the engine and through each arm, in rounds (straight first, then
+every arm), each run with fresh random prompts (its own seed: neither the engine's
 prefix cache nor the proxy's count cache has seen them), after one warm-up run per arm:
 
     --backend openai-chat --endpoint /v1/chat/completions --dataset-name random
     --random-input-len 1000 --random-output-len 64 --max-concurrency 16 --ignore-eos
 
-and prints, per pair and as the median over pairs, request throughput, median
-inter-token latency and median time to first token through the proxy against straight.
+and prints, per round and as the median over rounds, request throughput, median
+inter-token latency and median time to first token of each arm against straight, and
+each proxy's CPU a request.
 
     .venv/bin/python bench/vllm_serve.py                   # ~6 min on 2 busy cores
     .venv/bin/python bench/vllm_serve.py --pairs 1 --prompts 48
+    .venv/bin/python bench/vllm_serve.py --arms trimproxy,trimproxy-approx,floor,floor-aiohttp
     .venv/bin/python bench/vllm_serve.py --baseline /path/to/other/checkout   # before/after
 
-``--baseline`` adds a third arm: a second proxy whose ``proxy`` package comes from another
-checkout (put first on its ``PYTHONPATH``), run in the same rotation on the same engine.
+``--arms`` picks the arms (``ARMS``; default ``trimproxy`` and ``floor-aiohttp``, the
+cheapest Python proxy: what any Python hop on these cores costs the engine).
+``--baseline`` adds an arm whose ``proxy`` package comes from another checkout (put
+first on its ``PYTHONPATH``), run in the same rotation on the same engine.
 
 The engine and the proxy share this machine's cores with the client, so part of any
 difference is the proxy's CPU taken from the engine. Results go to
@@ -28,6 +33,7 @@ difference is the proxy's CPU taken from the engine. Results go to
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -126,101 +132,152 @@ def _ratios(direct: dict[str, Any], proxied: dict[str, Any]) -> dict[str, float]
     return {m: proxied[m] / direct[m] for m in METRICS if direct.get(m)}
 
 
+#: The arms besides ``straight``, in the order each round runs them: the proxy with its
+#: model's tokenizer (what an operator runs), the same with ``approx`` counting (no
+#: tokenizer work: what counting costs is the difference), another checkout's proxy
+#: (``--baseline``), and the bare passthroughs of ``bench/overhead.py``: the FastAPI one
+#: and the aiohttp one, the cheapest Python proxy, so the table says how much of the gap
+#: any Python hop on these cores would leave.
+ARMS = ("trimproxy", "trimproxy-approx", "baseline", "floor", "floor-aiohttp")
+DEFAULT_ARMS = ("trimproxy", "floor-aiohttp")
+_NOTES = {
+    "trimproxy-approx": "approx counting",
+    "baseline": "the --baseline checkout",
+    "floor": "FastAPI + aiohttp passthrough",
+    "floor-aiohttp": "aiohttp passthrough",
+}
+
+
+def _arm_list(text: str, baseline: Path | None) -> list[str]:
+    arms = [a.strip() for a in text.split(",") if a.strip()]
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown:
+        raise SystemExit(f"unknown arm(s) {', '.join(unknown)}; choose from {', '.join(ARMS)}")
+    if baseline is not None and "baseline" not in arms:
+        arms.append("baseline")
+    if "baseline" in arms and baseline is None:
+        raise SystemExit("the baseline arm needs --baseline DIR")
+    return sorted(set(arms), key=ARMS.index)
+
+
 def main(argv: list[str] | None = None) -> int:
+    from bench.overhead import start_floor
     from tests.support.processes import ProxyProcess
     from tests.support.vllm_stack import VllmStack, build_vllm_model, vllm_python
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pairs", type=int, default=2, help="measured (straight, proxy) pairs [2]")
+    parser.add_argument("--pairs", type=int, default=2, help="measured rounds [2]")
     parser.add_argument("--prompts", type=int, default=64, help="requests a run [64]")
     parser.add_argument("--concurrency", type=int, default=16, help="--max-concurrency [16]")
     parser.add_argument("--json", type=Path, default=RESULTS, help=f"[{RESULTS}]")
     parser.add_argument(
-        "--baseline", type=Path, help="another checkout's root: its proxy runs as a third arm"
+        "--arms", default=",".join(DEFAULT_ARMS),
+        help=f"besides straight, from {','.join(ARMS)} [{','.join(DEFAULT_ARMS)}]",
+    )  # fmt: skip
+    parser.add_argument(
+        "--baseline", type=Path, help="another checkout's root: its proxy runs as an arm"
     )
     args = parser.parse_args(argv)
+    wanted = _arm_list(args.arms, args.baseline)
 
     python = vllm_python()
     model_dir = build_vllm_model()
     workdir = Path(tempfile.mkdtemp(prefix="trimproxy-vllm-serve-"))
     runs: list[dict[str, Any]] = []
-    with VllmStack(
-        model_dir, kv_blocks=KV_BLOCKS, block_size=BLOCK_SIZE, max_model_len=MAX_MODEL_LEN
-    ) as engine:
+    with contextlib.ExitStack() as stack:
+        engine = stack.enter_context(
+            VllmStack(
+                model_dir, kv_blocks=KV_BLOCKS, block_size=BLOCK_SIZE, max_model_len=MAX_MODEL_LEN
+            )
+        )
         print(f"vLLM up in {engine.timings.ready:.0f} s", flush=True)
         settings = {"upstream_url": engine.base_url, "tokenizer": f"hf:{model_dir}"}
-        baseline = None
-        if args.baseline is not None:
-            path = os.pathsep.join((str(args.baseline.resolve()), str(ROOT)))
-            baseline = ProxyProcess(settings=settings, env={"PYTHONPATH": path},
-                                    startup_timeout=180).start()  # fmt: skip
-        with ProxyProcess(settings=settings, startup_timeout=180) as proxy:
-            arms = {"straight": engine.base_url, "trimproxy": proxy.url}
-            pids = {"trimproxy": proxy.process.pid}
-            if baseline is not None:
-                arms["baseline"] = baseline.url
-                pids["baseline"] = baseline.process.pid
+        arms = {"straight": engine.base_url}
+        pids: dict[str, int] = {}
+        proxies: dict[str, ProxyProcess] = {}
+        for arm in wanted:
+            if arm.startswith("floor"):
+                floor = start_floor(arm, engine.base_url, workdir)
+                stack.callback(floor.stop)
+                arms[arm], pids[arm] = floor.url, floor.pid
+                continue
+            env = {}
+            arm_settings = dict(settings)
+            if arm == "baseline":
+                assert args.baseline is not None
+                env["PYTHONPATH"] = os.pathsep.join((str(args.baseline.resolve()), str(ROOT)))
+            if arm == "trimproxy-approx":
+                # approx over-counts these random-token prompts (by design it errs high),
+                # and would trim them against the engine's 2,048: a window it never
+                # reaches leaves every prompt whole, as in the hf arm.
+                arm_settings.update(tokenizer="approx", context_window=32 * MAX_MODEL_LEN)
+            proxy = stack.enter_context(
+                ProxyProcess(settings=arm_settings, env=env, startup_timeout=180)
+            )
+            proxies[arm] = proxy
+            arms[arm], pids[arm] = proxy.url, proxy.process.pid
 
-            def one(arm: str, seed: int, warm: bool) -> None:
-                load = os.getloadavg()[0]
-                began = time.monotonic()
-                pid = pids.get(arm)
-                cpu = cpu_seconds(pid) if pid else 0.0
-                result = run_client(python, arms[arm], engine.model, model_dir, args.prompts,
-                                    args.concurrency, seed, workdir)  # fmt: skip
-                # The proxy's own CPU: what it takes from the engine on shared cores.
-                proxy_cpu = (cpu_seconds(pid) - cpu) / args.prompts * 1e3 if pid else None
-                row = {"arm": arm, "seed": seed, "warmup": warm, "load_before": load,
-                       "wall_s": time.monotonic() - began, "proxy_cpu_ms_per_request": proxy_cpu,
-                       **{m: result.get(m) for m in _KEPT}}  # fmt: skip
-                runs.append(row)
-                print(json.dumps(row), flush=True)
+        def one(arm: str, seed: int, warm: bool) -> None:
+            load = os.getloadavg()[0]
+            began = time.monotonic()
+            pid = pids.get(arm)
+            cpu = cpu_seconds(pid) if pid else 0.0
+            result = run_client(python, arms[arm], engine.model, model_dir, args.prompts,
+                                args.concurrency, seed, workdir)  # fmt: skip
+            # The proxy's own CPU: what it takes from the engine on shared cores.
+            proxy_cpu = (cpu_seconds(pid) - cpu) / args.prompts * 1e3 if pid else None
+            row = {"arm": arm, "seed": seed, "warmup": warm, "load_before": load,
+                   "wall_s": time.monotonic() - began, "proxy_cpu_ms_per_request": proxy_cpu,
+                   **{m: result.get(m) for m in _KEPT}}  # fmt: skip
+            runs.append(row)
+            print(json.dumps(row), flush=True)
 
-            seed = 1000
-            for arm in arms:  # warm-up: the engine's first batches, the proxy's pool
-                one(arm, seed, warm=True)
-                seed += 1
-            try:
-                for _ in range(args.pairs):
-                    for arm in arms:
-                        one(arm, seed, warm=False)
-                        seed += 1
-            finally:
-                if baseline is not None:
-                    baseline.stop()
+        seed = 1000
+        for arm in arms:  # warm-up: the engine's first batches, the proxies' pools
+            one(arm, seed, warm=True)
+            seed += 1
+        try:
+            for _ in range(args.pairs):
+                for arm in arms:
+                    one(arm, seed, warm=False)
+                    seed += 1
+        finally:
+            for proxy in proxies.values():
                 _show_failures(proxy.logs())
 
     measured = [r for r in runs if not r["warmup"]]
-    # Each round is straight, trimproxy[, baseline]: every proxy run against the straight
-    # run of its own round.
-    rounds = [measured[i : i + len(arms)] for i in range(0, len(measured), len(arms))]
-    pairs = [_ratios(r[0], r[1]) for r in rounds if len(r) >= 2]
-    base_pairs = [_ratios(r[0], r[2]) for r in rounds if len(r) >= 3]
+    # Each round runs straight, then every other arm: each arm against the straight run
+    # of its own round.
+    width = len(arms)
+    rounds = [measured[i : i + width] for i in range(0, len(measured), width)]
+    ratios = {
+        arm: [_ratios(r[0], row) for r in rounds for row in r[1:] if row["arm"] == arm]
+        for arm in list(arms)[1:]
+    }
     print(f"\n{args.prompts} requests a run, {INPUT_LEN} in / {OUTPUT_LEN} out tokens, "
           f"--max-concurrency {args.concurrency}, {os.cpu_count()} CPUs; "
-          "trimproxy / straight:")  # fmt: skip
+          "each arm / straight, round by round, then the median:")  # fmt: skip
     # Median ITL is per SSE event as the client reads them; when the engine's events
     # arrive several to a read it is near 0 and its ratio means little: TPOT (time per
     # output token after the first) is the steadier measure of the stream's pace.
-    print(f"{'pair':<6}{'req/s':>8}{'median ITL':>12}{'median TTFT':>13}{'out tok/s':>11}"
-          f"{'median TPOT':>13}")  # fmt: skip
+    print(f"{'arm':<18}{'round':<7}{'req/s':>8}{'median ITL':>12}{'median TTFT':>13}"
+          f"{'out tok/s':>11}{'median TPOT':>13}")  # fmt: skip
 
-    def line(label: str, ratio: dict[str, float], note: str = "") -> None:
-        print(f"{label:<6}{ratio.get('request_throughput', 0):>8.3f}"
+    def line(arm: str, label: str, ratio: dict[str, float], note: str = "") -> None:
+        print(f"{arm:<18}{label:<7}{ratio.get('request_throughput', 0):>8.3f}"
               f"{ratio.get('median_itl_ms', 0):>12.3f}{ratio.get('median_ttft_ms', 0):>13.3f}"
               f"{ratio.get('output_throughput', 0):>11.3f}"
               f"{ratio.get('median_tpot_ms', 0):>13.3f}{note}")  # fmt: skip
 
-    for i, ratio in enumerate(pairs, 1):
-        line(str(i), ratio)
-    summary = {m: statistics.median(p.get(m, 0) for p in pairs) for m in METRICS if pairs}
-    if summary:
-        line("median", summary)
-    base_summary = {
-        m: statistics.median(p.get(m, 0) for p in base_pairs) for m in METRICS if base_pairs
-    }
-    if base_summary:
-        line("base", base_summary, "   baseline / straight")
+    summaries: dict[str, dict[str, float]] = {}
+    for arm, pairs in ratios.items():
+        for i, ratio in enumerate(pairs, 1):
+            line(arm, str(i), ratio)
+        if pairs:
+            summaries[arm] = {m: statistics.median(p.get(m, 0) for p in pairs) for m in METRICS}
+            note = f"   {_NOTES[arm]}" if arm in _NOTES else ""
+            line(arm, "median", summaries[arm], note)
+    print()
     for arm in arms:
         rows = [r for r in measured if r["arm"] == arm]
         if rows:
@@ -230,13 +287,12 @@ def main(argv: list[str] | None = None) -> int:
             tpot = statistics.median(r["median_tpot_ms"] or 0 for r in rows)
             cpus = [r["proxy_cpu_ms_per_request"] for r in rows if r["proxy_cpu_ms_per_request"]]
             cpu = f"  proxy CPU {statistics.median(cpus):.2f} ms/request" if cpus else ""
-            print(f"{arm:<10} req/s {rps:.2f}  median ITL {itl:.1f} ms  median TTFT {ttft:.1f} ms"
+            print(f"{arm:<18} req/s {rps:.2f}  median ITL {itl:.1f} ms  median TTFT {ttft:.1f} ms"
                   f"  median TPOT {tpot:.1f} ms{cpu}")  # fmt: skip
     args.json.parent.mkdir(parents=True, exist_ok=True)
     report = {"when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "cpus": os.cpu_count(),
-              "args": {k: str(v) for k, v in vars(args).items()}, "runs": runs,
-              "pair_ratios": pairs, "median_ratios": summary,
-              "baseline_ratios": base_pairs, "baseline_median_ratios": base_summary}  # fmt: skip
+              "args": {k: str(v) for k, v in vars(args).items()}, "arms": list(arms),
+              "runs": runs, "ratios": ratios, "median_ratios": summaries}  # fmt: skip
     args.json.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.json}")
     return 0

@@ -25,10 +25,10 @@ from proxy.routes import ChatRoute, error_response, routes
 from proxy.scrape import build_scraper
 from proxy.sessions.gate import Sessions, build_sessions
 from proxy.settings import Settings
+from proxy.types import JSON_MEDIA_TYPE
 
 log = logging.getLogger("trimproxy")
 
-_JSON = "application/json"
 # Allocations between collections of the youngest generation (CPython's default: 700).
 _YOUNG_THRESHOLD = 10_000
 
@@ -193,7 +193,9 @@ async def _http_error(request: Request, exc: HTTPException) -> Response:
         )
     else:
         body = envelope(str(exc.detail), "invalid_request_error", "http_error")
-    return Response(body, status_code=exc.status_code, media_type=_JSON, headers=exc.headers)
+    return Response(
+        body, status_code=exc.status_code, media_type=JSON_MEDIA_TYPE, headers=exc.headers
+    )
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:
@@ -205,4 +207,4 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
         "server_error",
         "internal_error",
     )
-    return Response(body, status_code=500, media_type=_JSON)
+    return Response(body, status_code=500, media_type=JSON_MEDIA_TYPE)

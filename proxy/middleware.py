@@ -23,12 +23,13 @@ from proxy.logs import (
 from proxy.metrics import KNOWN_ROUTES, Metrics, route_label
 from proxy.paths import BadPath, route
 from proxy.relay import RelayAborted
+from proxy.types import JSON_MEDIA_TYPE
 
 _GUARDED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
 
 
 async def send_error(send: Send, error: ProxyError) -> None:
-    headers = [(b"content-type", b"application/json")]
+    headers = [(b"content-type", JSON_MEDIA_TYPE.encode())]
     headers.extend((k.lower().encode(), v.encode()) for k, v in error.headers.items())
     body = error.body()
     headers.append((b"content-length", str(len(body)).encode()))

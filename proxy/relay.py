@@ -29,6 +29,7 @@ from proxy.errors import (
     UpstreamTimeout,
     upstream_error_kind,
 )
+from proxy.types import JSON_MEDIA_TYPE
 
 log = logging.getLogger("trimproxy.upstream")
 
@@ -244,7 +245,7 @@ class Relay(Response):
                 self._on_error(error.kind or "other")
             body = error.body()
             self.status_code = error.status
-            self.raw_headers = [(b"content-type", b"application/json")]
+            self.raw_headers = [(b"content-type", JSON_MEDIA_TYPE.encode())]
             self._captured = None
         else:
             self._captured = [body]

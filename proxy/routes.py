@@ -33,12 +33,12 @@ from proxy.models import union_models
 from proxy.prepare import prepare
 from proxy.relay import STREAM_WATCH_DELAY, WATCH_DELAY, Relay, watch_disconnect
 from proxy.tokens import estimate_error
+from proxy.types import JSON_MEDIA_TYPE
 from proxy.upstream import Readiness, Upstream
 
 CHAT_PATH = "/v1/chat/completions"
 # A non-streaming answer up to this size is kept to compare usage with the count.
 _USAGE_CAPTURE_BYTES = 1 << 20
-_JSON = "application/json"
 
 
 async def read_body(request: Request, limit: int, timeout: float | None = None) -> bytes:
@@ -110,7 +110,7 @@ async def chat_completions(request: Request) -> Response:
     extra = prepared.headers
 
     headers = svc.upstream.request_headers(request.scope["headers"])
-    headers["content-type"] = "application/json"
+    headers["content-type"] = JSON_MEDIA_TYPE
     # Watched from here on: a client may leave KV admission's line, and one that stops
     # a stream is the common case (so a stream's watcher starts at once).
     client_gone = watch_disconnect(
@@ -165,7 +165,9 @@ async def chat_completions(request: Request) -> Response:
 def error_response(request: Request, exc: ProxyError) -> Response:
     """The OpenAI error envelope of ``exc``; the access line is told its code."""
     request_facts(request).error = exc.code
-    return Response(exc.body(), status_code=exc.status, media_type=_JSON, headers=exc.headers)
+    return Response(
+        exc.body(), status_code=exc.status, media_type=JSON_MEDIA_TYPE, headers=exc.headers
+    )
 
 
 class ChatRoute:
@@ -299,7 +301,7 @@ async def union_of_models(request: Request, svc: Services) -> Response:
     good = [a[1] for a in answers if not isinstance(a, BaseException) and a[0] == 200]
     merged = union_models(good)
     if merged is not None:
-        return Response(merged, media_type="application/json")
+        return Response(merged, media_type=JSON_MEDIA_TYPE)
     first = answers[0]
     if isinstance(first, BaseException):
         if isinstance(first, ProxyError) and first.kind is not None:

@@ -176,12 +176,13 @@ def trim(
             reason = "session"
             if pinned is not None and pinned < reset_turn:
                 pinned = None  # a reset drops the whole earlier history, pins included
-    cut_reason, kept_turns, tokens = _choose(
+    cut_reason, first_kept, tokens = _choose(
         acc, per, starts, first_is_user, fixed, first_droppable, pinned, policy
     )
     if pinned is not None and policy.budget is not None and tokens > policy.budget:
         # The pin is a preference; only the system block and the last turn are musts.
-        cut_reason, kept_turns, tokens = _choose(
+        pinned = None
+        cut_reason, first_kept, tokens = _choose(
             acc, per, starts, first_is_user, fixed, first_droppable, None, policy
         )
     reason = cut_reason or reason
@@ -193,13 +194,14 @@ def trim(
             f"or lower max_tokens.",
             param="messages",
         )
-    if isinstance(kept_turns, int):  # the turns from kept_turns on: one run of messages
-        kept = (*range(head), *range(starts[kept_turns] if starts else n, n))
+    # The kept turns run from first_kept to the end, with the pin before them when
+    # there is one: the head, at most one turn on its own, one run to the end.
+    tail = starts[first_kept] if first_kept < len(starts) else n
+    if pinned is not None and pinned < first_kept:
+        end = starts[pinned + 1]  # pinned < first_kept <= len(starts) - 1
+        kept = (*range(head), *range(starts[pinned], end), *range(tail, n))
     else:
-        bounds = (*starts, n)
-        runs = [range(head)]
-        runs.extend(range(bounds[t], bounds[t + 1]) for t in kept_turns)
-        kept = tuple(i for run in runs for i in run)
+        kept = (*range(head), *range(tail, n))
     if len(kept) == n:
         reason = None
     return TrimResult(kept, tokens, reason)
@@ -214,12 +216,12 @@ def _choose(
     first: int,
     pinned: int | None,
     policy: TrimPolicy,
-) -> tuple[str | None, int | list[int], int]:
-    """The reason for the cut (if any), the kept turns and their tokens.
+) -> tuple[str | None, int, int]:
+    """The reason for the cut (if any), the first turn of the kept run and the tokens
+    kept.
 
-    The turns ``[first, len(starts))`` but ``pinned`` may be dropped. The kept turns
-    are the index of the first one kept when they run to the end without a gap (no
-    pin), else their list.
+    The turns ``[first, len(starts))`` but ``pinned`` may be dropped; the kept ones are
+    the pin (always kept) and every turn from the returned one to the end.
 
     Each step of the replay adds one turn's opening (``_openings``), so every earlier
     step repeats exactly the decision that earlier request made; the last step's turn
@@ -243,12 +245,13 @@ def _choose(
     fixed += sizes[pinned]
     seq = [sizes[t] for t in droppable]
     if not seq:
-        return None, sorted([pinned]), fixed
+        return None, len(starts), fixed
     prefix = [0, *accumulate(seq)]
     newest = [openings[t] for t in droppable]
     newest[-1] = seq[-1]
     cut, reason = _replay(prefix, newest, fixed, policy)
-    return reason, sorted([pinned, *droppable[cut:]]), fixed + prefix[-1] - prefix[cut]
+    # The last turn is never dropped (cut < len(droppable)), so this is a turn index.
+    return reason, droppable[cut], fixed + prefix[-1] - prefix[cut]
 
 
 def _replay(

@@ -15,6 +15,10 @@ from typing import Any
 JSONObject = dict[str, Any]
 Message = dict[str, Any]
 
+#: The media type of every JSON body the proxy writes: answers, error envelopes and
+#: the chat bodies it sends upstream.
+JSON_MEDIA_TYPE = "application/json"
+
 
 # Not frozen: a frozen dataclass sets every field through object.__setattr__ (~0.1 us
 # a field), and this one is built on every request (issue 17). Treat it as read-only.

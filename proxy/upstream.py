@@ -30,6 +30,7 @@ from proxy.errors import ClientClosedRequest, protocol_error, upstream_failure
 from proxy.metrics import KNOWN_ROUTES
 from proxy.relay import HOP_BY_HOP, CancelOnDisconnect
 from proxy.settings import Settings
+from proxy.types import JSON_MEDIA_TYPE
 
 log = logging.getLogger("trimproxy.upstream")
 
@@ -44,7 +45,7 @@ _REQUEST_DROP = HOP_BY_HOP | {
     "cookie",
     "x-api-key",
 }
-_JSON_HEADERS = {"content-type": "application/json"}
+_JSON_HEADERS = {"content-type": JSON_MEDIA_TYPE}
 # Bodies pass through as the upstream encoded them (the client's Accept-Encoding goes
 # up as it is); a client that named none gets no compression it did not ask for.
 _IDENTITY = "identity"

@@ -23,33 +23,36 @@ from typing import Any, SupportsIndex, overload
 
 import jinja2
 
-# (message index, pass: 0 for reads by index, else the iteration pass, output offset)
-# of the first read of a message by index, and of its first read in each pass.
-Touch = tuple[int, int, int]
+#: First reads of one pass: message index -> the output offset at its first read.
+#: Filled in the order of the reads, so its offsets never decrease along it.
+FirstReads = dict[int, int]
 
 
 class _Tracker:
-    __slots__ = ("offset", "passes", "touches")
+    __slots__ = ("offset", "passes")
 
     def __init__(self) -> None:
         self.offset = 0
-        self.passes = 0
-        self.touches: list[Touch] = []
+        #: ``passes[0]``: the first read of each message by index; ``passes[p]``: its
+        #: first read in iteration pass p.
+        self.passes: list[FirstReads] = [{}]
 
 
 class _Seen(dict[str, Any]):
     """A message whose first read (in this pass) has been noted: a plain dict to the
     template. A ``_Msg`` turns into one on its first read (same layout, so its class
     can be swapped), and every later read is the dict's own, with no Python call:
-    templates read each message several times, ~160 reads a 20-message render."""
+    templates read each message several times, ~160 reads a 20-message render.
 
-    __slots__ = ("_idx", "_pass", "_tracker")
+    Built by ``_proxies``: dict's own constructor, then the slots (a Python
+    ``__init__`` calling ``super()`` costs more than the copy, 40 times a render).
+    ``_firsts`` is the first-read map of the pass the proxy belongs to.
+    """
 
-    def __init__(self, raw: dict[str, Any], idx: int, pass_id: int, tracker: _Tracker) -> None:
-        super().__init__(raw)
-        self._idx = idx
-        self._pass = pass_id
-        self._tracker = tracker
+    __slots__ = ("_firsts", "_idx", "_tracker")
+    _firsts: FirstReads
+    _idx: int
+    _tracker: _Tracker
 
 
 class _Msg(_Seen):
@@ -59,18 +62,20 @@ class _Msg(_Seen):
     __slots__ = ()
 
     # The reads below call dict's methods by name: once the class is swapped, self is
-    # no _Msg, and super() would refuse it.
+    # no _Msg, and super() would refuse it. The two reads templates use most note the
+    # read themselves, without a call to _touch.
     def _touch(self) -> None:
         self.__class__ = _Seen  # type: ignore[assignment]  # only the first read matters
-        tracker = self._tracker
-        tracker.touches.append((self._idx, self._pass, tracker.offset))
+        self._firsts.setdefault(self._idx, self._tracker.offset)
 
     def __getitem__(self, key: str) -> Any:
-        self._touch()
+        self.__class__ = _Seen  # type: ignore[assignment]
+        self._firsts.setdefault(self._idx, self._tracker.offset)
         return dict.__getitem__(self, key)
 
     def get(self, key: str, default: Any = None) -> Any:
-        self._touch()
+        self.__class__ = _Seen  # type: ignore[assignment]
+        self._firsts.setdefault(self._idx, self._tracker.offset)
         return dict.get(self, key, default)
 
     def __contains__(self, key: object) -> bool:
@@ -90,11 +95,27 @@ class _Msg(_Seen):
         return dict.values(self)
 
 
+def _proxies(conversation: Sequence[dict[str, Any]], tracker: _Tracker) -> list[_Seen]:
+    """A proxy per message, noting its reads by index (``passes[0]``) until an
+    iteration pass takes it over."""
+    out: list[_Seen] = []
+    append = out.append
+    by_index = tracker.passes[0]
+    for i, message in enumerate(conversation):
+        proxy = _Msg(message)
+        proxy._idx = i
+        proxy._firsts = by_index
+        proxy._tracker = tracker
+        append(proxy)
+    return out
+
+
 class _Msgs(list[_Seen]):
     """The message list: each iteration is a numbered pass, slices stay tracked.
 
-    Iteration yields a second proxy per message (made once per render), relabelled
-    with the pass that yielded it, so loop reads and index reads stay apart.
+    Iteration yields a second proxy per message (made once per render), handed the
+    first-read map of the pass that yielded it, so loop reads and index reads stay
+    apart.
     """
 
     __slots__ = ("_loop", "_tracker")
@@ -105,12 +126,12 @@ class _Msgs(list[_Seen]):
         self._tracker = tracker
 
     def __iter__(self) -> Iterator[_Seen]:
-        tracker = self._tracker
-        tracker.passes += 1
-        pass_id = tracker.passes
+        firsts: FirstReads = {}
+        self._tracker.passes.append(firsts)
+        loop = self._loop
         for msg in super().__iter__():
-            proxy = self._loop[msg._idx]
-            proxy._pass = pass_id
+            proxy = loop[msg._idx]
+            proxy._firsts = firsts
             proxy.__class__ = _Msg  # fresh again: this pass's first read is noted
             yield proxy
 
@@ -131,34 +152,43 @@ class Rendered:
     bounds: tuple[int, ...]
 
 
-def _bounds(n: int, touches: list[Touch], end: int) -> list[int]:
-    first_any: dict[int, int] = {}
-    by_pass: dict[int, dict[int, int]] = {}
-    for idx, pass_id, offset in touches:
-        first_any.setdefault(idx, offset)
-        if pass_id > 0:
-            by_pass.setdefault(pass_id, {}).setdefault(idx, offset)
-    main: dict[int, int] = {}
-    if by_pass:
+def _bounds(n: int, passes: list[FirstReads], end: int) -> list[int]:
+    def first_read(i: int, default: int) -> int:
+        # The earliest read of message i, in any pass or by index: offsets only grow,
+        # so the lowest one.
+        found = [firsts[i] for firsts in passes if i in firsts]
+        return min(found) if found else default
+
+    main: FirstReads = {}
+    best: tuple[int, int] | None = None
+    for firsts in passes[1:]:
+        if not firsts:
+            continue
         # The main loop is the pass that spans the most output (then: the most messages).
-        main = max(
-            by_pass.values(),
-            key=lambda firsts: (max(firsts.values()) - min(firsts.values()), len(firsts)),
-        )
+        offsets = list(firsts.values())
+        key = (offsets[-1] - offsets[0], len(offsets))
+        if best is None or key > best:
+            best, main = key, firsts
     bounds: list[int] = []
+    append = bounds.append
     prev = 0
     for i in range(n):
-        at = main.get(i, first_any.get(i, prev))
-        prev = max(prev, min(at, end))
-        bounds.append(prev)
-    bounds.append(max(prev, end))
+        at = main.get(i)
+        if at is None:
+            at = first_read(i, prev)
+        if at > end:
+            at = end
+        if at > prev:
+            prev = at
+        append(prev)
+    append(max(prev, end))
     # Leading messages that the main loop writes nothing for (a system message the
     # template rendered before the loop) start where the template first read them.
     for i in range(n):
         if bounds[i + 1] != bounds[i]:
             break
         lo = bounds[i - 1] if i else 0
-        bounds[i] = max(lo, min(first_any.get(i, bounds[i]), bounds[i]))
+        bounds[i] = max(lo, min(first_read(i, bounds[i]), bounds[i]))
     return bounds
 
 
@@ -178,11 +208,7 @@ class TrackedTemplate:
         add_generation_prompt: bool = True,
     ) -> Rendered:
         tracker = _Tracker()
-        messages = _Msgs(
-            [_Msg(m, i, 0, tracker) for i, m in enumerate(conversation)],
-            [_Msg(m, i, -1, tracker) for i, m in enumerate(conversation)],
-            tracker,
-        )
+        messages = _Msgs(_proxies(conversation, tracker), _proxies(conversation, tracker), tracker)
         chunks: list[str] = []
         append = chunks.append
         for chunk in self._compiled.generate(
@@ -199,7 +225,7 @@ class TrackedTemplate:
         suffix = self.generation_suffix
         if add_generation_prompt and suffix and text.endswith(suffix):
             end -= len(suffix)
-        return Rendered(text, tuple(_bounds(len(conversation), tracker.touches, end)))
+        return Rendered(text, tuple(_bounds(len(conversation), tracker.passes, end)))
 
     def learn_generation_suffix(self, sample_conversation: Sequence[dict[str, Any]]) -> None:
         """The text ``add_generation_prompt`` appends, when it is a plain suffix."""
