@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         help="streamed at an engine's pace (overhead.py's paced mode; use -c 1: under "
         "valgrind a proxy keeps up with one such stream, not sixteen)",
     )
-    parser.add_argument("--baseline", type=Path, default=None, help="for trimproxy-base")
+    parser.add_argument("--baseline", type=Path, default=None, help="for the -base targets")
     parser.add_argument(
         "--keep", type=Path, default=None, help="keep the callgrind files here (callgrind_annotate)"
     )

@@ -10,6 +10,7 @@ non-streaming and streaming, against:
   nothing trimmed
 * ``trimproxy-hf-trim`` the same, trimming every request
 * ``trimproxy-base`` ``trimproxy`` from another checkout (``--baseline DIR``): before/after
+* ``trimproxy-hf-base`` ``trimproxy-hf`` from that checkout
 * ``floor``        a bare FastAPI + aiohttp-client passthrough (``floor_fastapi_aiohttp.py``)
 * ``floor-aiohttp`` a bare aiohttp-server + aiohttp-client passthrough (``floor_aiohttp.py``):
   the cheapest Python proxy, so ``/aio`` says how far from the Python limit a target is
@@ -76,6 +77,7 @@ ALL_TARGETS = (
     "trimproxy-hf",
     "trimproxy-hf-trim",
     "trimproxy-base",
+    "trimproxy-hf-base",
     "floor",
     "floor-aiohttp",
     "naive",
@@ -214,9 +216,9 @@ def start_target(name: str, sim: Server, workdir: Path, baseline: Path | None = 
         args = [sys.executable, "-m", "proxy.cli", "serve", "--host", "127.0.0.1",
                 "--port", str(port)]  # fmt: skip
         env = _env(settings)
-        if name == "trimproxy-base":
+        if name.endswith("-base"):
             if baseline is None:
-                raise SystemExit("target trimproxy-base needs --baseline DIR")
+                raise SystemExit(f"target {name} needs --baseline DIR")
             env["PYTHONPATH"] = os.pathsep.join((str(baseline.resolve()), env["PYTHONPATH"]))
         server = _spawn(name, args, workdir, env)
     else:
@@ -491,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
         "--baseline",
         type=Path,
         default=None,
-        help="another checkout's root, for the trimproxy-base target",
+        help="another checkout's root, for the trimproxy-base and trimproxy-hf-base targets",
     )
     args = parser.parse_args(argv)  # fmt: skip
 
