@@ -198,7 +198,7 @@ def trim(
     # there is one: the head, at most one turn on its own, one run to the end.
     tail = starts[first_kept] if first_kept < len(starts) else n
     if pinned is not None and pinned < first_kept:
-        end = starts[pinned + 1]  # pinned < first_kept <= len(starts) - 1
+        end = starts[pinned + 1] if pinned + 1 < len(starts) else n
         kept = (*range(head), *range(starts[pinned], end), *range(tail, n))
     else:
         kept = (*range(head), *range(tail, n))
@@ -244,7 +244,7 @@ def _choose(
     droppable = [t for t in range(first, len(sizes)) if t != pinned]
     fixed += sizes[pinned]
     seq = [sizes[t] for t in droppable]
-    if not seq:
+    if not seq:  # only the pin is left to keep (trim never pins the last turn)
         return None, len(starts), fixed
     prefix = [0, *accumulate(seq)]
     newest = [openings[t] for t in droppable]
