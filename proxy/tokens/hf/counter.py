@@ -271,11 +271,18 @@ class HFCounter:
     def _prepare(self, conversation: list[dict[str, Any]]) -> list[dict[str, Any]]:
         # What transformers does to messages before rendering: drop None-valued keys,
         # and (transformers 5) copy reasoning under the names templates read.
+        # One loop, not two any() generators: it runs on every request.
+        nones = reasoning = False
+        for m in conversation:
+            if None in m.values():  # JSON values: == None only for None itself
+                nones = True
+            if "reasoning" in m:
+                reasoning = True
         out = conversation
-        if any(v is None for m in conversation for v in m.values()):
+        if nones:
             out = [{k: v for k, v in m.items() if v is not None} for m in conversation]
         alias = getattr(self._utils, "_alias_reasoning_fields", None)
-        if alias is not None and any("reasoning" in m for m in out):
+        if alias is not None and reasoning:
             return list(alias(out))
         return out
 

@@ -240,15 +240,24 @@ def attribute(pieces: list[tuple[int, int]], bounds: Sequence[int]) -> tuple[lis
     """Sum piece counts per message; pieces outside every message are overhead.
 
     A piece belongs to the message its first character lies in, so the sum of the
-    parts is always the whole.
+    parts is always the whole. ``pieces`` come in the order of the text (as
+    ``RunCounter.spans`` gives them), so the message only moves forward: it is looked
+    up again only when a piece starts past the current one's end.
     """
     n = len(bounds) - 1
-    per = [0] * n
+    per = [0] * max(n, 0)
+    if n <= 0:
+        return per, sum(tokens for _, tokens in pieces)
+    first, end = bounds[0], bounds[-1]
     overhead = 0
-    first, end = (bounds[0], bounds[-1]) if n else (0, 0)
+    i = -1  # the message of the last piece in one
+    following = first  # bounds[i + 1]: where the next message begins
     for start, tokens in pieces:
-        if n == 0 or start < first or start >= end:
+        if start < first or start >= end:
             overhead += tokens
-        else:
-            per[bisect_right(bounds, start, 0, n) - 1] += tokens
+            continue
+        if start >= following:
+            i = bisect_right(bounds, start, i + 1, n) - 1
+            following = bounds[i + 1]
+        per[i] += tokens
     return per, overhead
