@@ -79,15 +79,6 @@ def head_length(messages: Sequence[Message]) -> int:
     return head
 
 
-def turn_sizes(
-    messages: Sequence[Message], per: Sequence[int]
-) -> tuple[int, list[int], list[int], bool]:
-    """``split_turns`` with each turn's summed count: head, starts, sizes and
-    first_is_user, as ``trim`` finds them."""
-    head, starts, first_is_user = _turns(messages)
-    return head, starts, _turn_sums(list(accumulate(per, initial=0)), starts), first_is_user
-
-
 def _turns(messages: Sequence[Message]) -> tuple[int, list[int], bool]:
     """The one definition of a turn: the head's length, where each turn opens, and
     whether the first turn is a user turn.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from itertools import pairwise
+from itertools import accumulate, pairwise
 from typing import Any
 
 import pytest
@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.errors import ContextLengthExceeded
-from proxy.trimming import TrimPolicy, Turns, fits_whole, split_turns, trim, turn_sizes
+from proxy.trimming import TrimPolicy, Turns, _turn_sums, fits_whole, split_turns, trim
 from proxy.types import Message, PromptCount
 
 TEXTS = st.sampled_from(
@@ -169,11 +169,12 @@ def test_turns_open_at_the_first_message_after_the_head_and_at_every_user_messag
     n = len(roles)
     head = next((i for i, r in enumerate(roles) if r not in ("system", "developer")), n)
     starts = sorted({i for i in range(head + 1, n) if roles[i] == "user"} | {head} - {n})
-    got = turn_sizes(messages, per)
-    assert got[:2] == (head, starts)
-    assert got[2] == [sum(per[a:b]) for a, b in pairwise((*starts, n))]
-    assert got[3] == (head == n or roles[head] == "user")
-    assert split_turns(messages) == Turns(head, tuple(starts), got[3])
+    got = split_turns(messages)
+    assert (got.head, list(got.starts)) == (head, starts)
+    sums = _turn_sums(list(accumulate(per, initial=0)), list(got.starts))
+    assert sums == [sum(per[a:b]) for a, b in pairwise((*starts, n))]
+    assert got.first_is_user == (head == n or roles[head] == "user")
+    assert got == Turns(head, tuple(starts), got.first_is_user)
 
 
 @PROPS
