@@ -338,7 +338,10 @@ class ModelSeries:
         self._trim_events = metrics.trim_events
         self._trim_reasons: dict[str, CounterChild] = {}
 
-    def trim_event(self, reason: str) -> None:
+    def trimmed(self, messages: int, tokens: int, reason: str) -> None:
+        """One trimmed request: the messages and prompt tokens it dropped, and why."""
+        self.trimmed_messages.inc(messages)
+        self.trimmed_tokens.inc(tokens)
         # One child per reason (budget, max_turns, session), resolved on first use.
         child = self._trim_reasons.get(reason)
         if child is None:

@@ -109,18 +109,24 @@ async def budget_for(svc: Services, chat: ChatRequest) -> int | None:
     return room if limit is None else min(limit, room)
 
 
-async def trim_within_budget(
-    svc: Services, chat: ChatRequest, count: PromptCount, policy: TrimPolicy, history_start: int
+async def prove_fits(
+    svc: Services,
+    chat: ChatRequest,
+    count: PromptCount,
+    policy: TrimPolicy,
+    history_start: int,
+    result: TrimResult,
 ) -> tuple[TrimResult, int]:
-    """Trim, and prove the result fits: returns the result and the forwarded count.
+    """Prove that ``result`` (``trim`` of ``chat`` under ``policy``) fits: returns the
+    result to forward and its count.
 
     A counter whose per-message split is not additive for every subset (the chat
     template renders a message differently by position) gets the kept list recounted;
     when that is over the budget, the budget is tightened by the excess and trimmed
-    again, so the budget is a guarantee, not an estimate.
+    again, so the budget is a guarantee, not an estimate. An additive counter's sums
+    are the count itself: the chat route awaits this only for the others.
     """
-    result = trim(chat.messages, count, policy, history_start=history_start)
-    if svc.counter.additive or len(result.kept) == len(chat.messages) or policy.budget is None:
+    if len(result.kept) == len(chat.messages) or policy.budget is None:
         return result, result.tokens
     budget = policy.budget
     tightened = policy
@@ -217,14 +223,17 @@ async def prepare(
     if fits_whole(count.total, budget, settings.max_history_turns, history_start):
         forwarded, dropped, body = count.total, 0, raw  # the client's bytes, unchanged
     else:
+        # Positional: keywords cost ~2 k instructions more, on every trimmed request.
         policy = TrimPolicy(
-            budget=budget,
-            target=settings.trim_target,
-            max_history_turns=settings.max_history_turns,
-            pin_first_user=settings.pin_first_user,
+            budget, settings.trim_target, settings.max_history_turns, settings.pin_first_user
         )
         try:
-            result, forwarded = await trim_within_budget(svc, chat, count, policy, history_start)
+            result = trim(chat.messages, count, policy, history_start=history_start)
+            forwarded = result.tokens
+            if not svc.counter.additive:
+                result, forwarded = await prove_fits(
+                    svc, chat, count, policy, history_start, result
+                )
         except ContextLengthExceeded as exc:
             needed = exc.needed
             if needed is None:  # what trimming keeps at the least: the head and the last turn
@@ -236,9 +245,7 @@ async def prepare(
         if dropped:
             reason = result.reason or "budget"
             body = with_messages(chat, [chat.messages[i] for i in result.kept])
-            metrics.trimmed_messages.inc(dropped)
-            metrics.trimmed_tokens.inc(max(0, count.total - forwarded))
-            metrics.trim_event(reason)
+            metrics.trimmed(dropped, max(0, count.total - forwarded), reason)
     metrics.prompt_forwarded.observe(forwarded)
     facts.prompt_tokens_forwarded = forwarded
     facts.messages_dropped = dropped

@@ -20,6 +20,7 @@ replica computes the same answer.
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate, pairwise
@@ -219,17 +220,19 @@ def _choose(
     is whole.
     """
     total = acc[-1]
-    openings = _openings(acc, per, starts, first_is_user)
     if pinned is None:
-        # The droppable turns run to the end: their prefix sums are acc's own.
+        # The droppable turns run to the end: their prefix sums are acc's own, and a
+        # step's prompt runs to the end of its turn's opening message, acc[s + 1].
         turns = starts[first:]
         if not turns:
             return None, first, fixed
         prefix = [acc[s] for s in turns]
         prefix.append(total)
-        newest = openings[first:]
-        newest[-1] = total - acc[turns[-1]]
-        cut, reason = _replay(prefix, newest, fixed, policy)
+        prompts = [acc[s + 1] for s in turns]
+        prompts[-1] = total
+        if first == 0 and not first_is_user:  # a leading non-user turn opens whole
+            prompts[0] = prefix[1]
+        cut, reason = _replay(prefix, prompts, fixed, policy)
         return reason, first + cut, fixed + total - prefix[cut]
     sizes = _turn_sums(acc, starts)
     droppable = [t for t in range(first, len(sizes)) if t != pinned]
@@ -238,22 +241,24 @@ def _choose(
     if not seq:  # only the pin is left to keep (trim never pins the last turn)
         return None, len(starts), fixed
     prefix = [0, *accumulate(seq)]
-    newest = [openings[t] for t in droppable]
-    newest[-1] = seq[-1]
-    cut, reason = _replay(prefix, newest, fixed, policy)
+    openings = _openings(acc, per, starts, first_is_user)
+    prompts = [before + openings[t] for before, t in zip(prefix, droppable, strict=False)]
+    prompts[-1] = prefix[-1]
+    cut, reason = _replay(prefix, prompts, fixed, policy)
     # The last turn is never dropped (cut < len(droppable)), so this is a turn index.
     return reason, droppable[cut], fixed + prefix[-1] - prefix[cut]
 
 
 def _replay(
-    prefix: Sequence[int], newest_at: Sequence[int], fixed: int, policy: TrimPolicy
+    prefix: Sequence[int], prompts: Sequence[int], fixed: int, policy: TrimPolicy
 ) -> tuple[int, str | None]:
     """Replay the conversation's growth turn by turn and return the cut point.
 
     Step k is the request that ended with turn k's user message: turns ``[cut, k)``
-    whole plus turn k's opening (``newest_at[k]``); the last step is this request,
-    its last turn whole. ``prefix[k]`` is the running total before turn k, from any
-    origin (only differences are read), with one entry more than there are steps.
+    whole plus turn k's opening, ``prompts[k] - prefix[cut]``; the last step is this
+    request, its last turn whole. ``prefix[k]`` is the running total before turn k,
+    and ``prompts[k]`` step k's prompt, from the same origin (only differences are
+    read); ``prefix`` has one entry more than there are steps.
     When a step is over the budget (or over ``max_history_turns``), the cut moves
     forward until the prompt is at or under the low-water mark (``target`` x the
     limit); if that is impossible, as far as the limit itself allows, and at worst
@@ -266,18 +271,17 @@ def _replay(
         if budget is None:
             return 0, None
         low_water = max(0, int(budget * policy.target)) - fixed
-        return _replay_budget(prefix, newest_at, budget - fixed, low_water)
+        return _replay_budget(prefix, prompts, budget - fixed, low_water)
     low = None if budget is None else max(0, int(budget * policy.target)) - fixed
     high = None if budget is None else budget - fixed
     low_turns = max(1, int(max_turns * policy.target))
     cut = 0
     base = prefix[0]  # prefix[cut]
     reason: str | None = None
-    # prefix has one entry more than there are steps: the total, never a step's start.
-    for k, (before, newest) in enumerate(zip(prefix, newest_at, strict=False)):
-        if high is not None and before - base + newest > high:
+    for k, prompt in enumerate(prompts):
+        if high is not None and prompt - base > high:
             assert low is not None
-            cut, reason = _cut_to(prefix, cut, k, before + newest, low, high), "budget"
+            cut, reason = _cut_to(prefix, cut, k, prompt, low, high), "budget"
             base = prefix[cut]
         if k + 1 - cut > max_turns:
             cut, reason = k + 1 - low_turns, "max_turns"
@@ -286,30 +290,35 @@ def _replay(
 
 
 def _replay_budget(
-    prefix: Sequence[int], newest_at: Sequence[int], high: int, low: int
+    prefix: Sequence[int], prompts: Sequence[int], high: int, low: int
 ) -> tuple[int, str | None]:
-    """``_replay`` with a budget and no turn limit, the common policy: the same steps
-    with the turn limit's test taken out of the loop."""
+    """``_replay`` with a budget and no turn limit, the common policy: the same steps,
+    visited only where one is over the budget.
+
+    While the cut holds, a step's prompt is never smaller than the one before (a turn
+    weighs at least its opening, and counts are never negative), so the next step
+    over the budget is a bisection of the prompts, as is each cut (``_cut_to``).
+    """
+    steps = len(prompts)
     cut = 0
-    base = prefix[0]
     reason: str | None = None
-    for k, newest in enumerate(newest_at):
-        before = prefix[k]
-        if before - base + newest > high:
-            cut, reason = _cut_to(prefix, cut, k, before + newest, low, high), "budget"
-            base = prefix[cut]
+    k = bisect_right(prompts, high + prefix[0])
+    while k < steps:
+        # _cut_to, inline: this loop runs on every trimmed request
+        prompt = prompts[k]
+        c = bisect_left(prefix, prompt - low, cut, k)
+        cut = c if prompt - prefix[c] <= low else bisect_left(prefix, prompt - high, cut, k)
+        reason = "budget"
+        k = bisect_right(prompts, high + prefix[cut], k + 1)
     return cut, reason
 
 
 def _cut_to(prefix: Sequence[int], cut: int, k: int, prompt: int, low: int, high: int) -> int:
     """The new cut when step k (``prompt``: its prefix plus its newest part) is over the
     budget: forward to the low-water mark, else as far as the budget itself needs, at
-    worst to k."""
-    c = cut
-    while c < k and prompt - prefix[c] > low:
-        c += 1
+    worst to k. ``prefix`` never falls, so the first cut that gets under a mark is a
+    bisection."""
+    c = bisect_left(prefix, prompt - low, cut, k)
     if prompt - prefix[c] > low:
-        c = cut
-        while c < k and prompt - prefix[c] > high:
-            c += 1
+        c = bisect_left(prefix, prompt - high, cut, k)
     return c
