@@ -11,6 +11,7 @@ non-streaming and streaming, against:
 * ``trimproxy-hf-trim`` the same, trimming every request
 * ``trimproxy-base`` ``trimproxy`` from another checkout (``--baseline DIR``): before/after
 * ``trimproxy-hf-base`` ``trimproxy-hf`` from that checkout
+* ``trimproxy-trim-base`` ``trimproxy-trim`` from that checkout
 * ``floor``        a bare FastAPI + aiohttp-client passthrough (``floor_fastapi_aiohttp.py``)
 * ``floor-aiohttp`` a bare aiohttp-server + aiohttp-client passthrough (``floor_aiohttp.py``):
   the cheapest Python proxy, so ``/aio`` says how far from the Python limit a target is
@@ -78,6 +79,7 @@ ALL_TARGETS = (
     "trimproxy-hf-trim",
     "trimproxy-base",
     "trimproxy-hf-base",
+    "trimproxy-trim-base",
     "floor",
     "floor-aiohttp",
     "naive",
@@ -202,21 +204,27 @@ def hf_tokenizer(workdir: Path) -> Path:
     return build_tokenizer(workdir / "tokenizer")
 
 
+def target_flags(name: str) -> list[str]:
+    """What a ``trimproxy-*`` target's name asks for: ``hf``, ``trim``, ``base``."""
+    return name.split("-")[1:]
+
+
 def start_target(name: str, sim: Server, workdir: Path, baseline: Path | None = None) -> Server:
     port = _free_port()
     if name.startswith("trimproxy"):
-        tokenizer = f"hf:{hf_tokenizer(workdir)}" if "-hf" in name else "approx"
+        flags = target_flags(name)
+        tokenizer = f"hf:{hf_tokenizer(workdir)}" if "hf" in flags else "approx"
         settings = {
             "TRIMPROXY_UPSTREAM_URL": sim.url,
             "TRIMPROXY_TOKENIZER": tokenizer,
             "TRIMPROXY_CONTEXT_WINDOW": str(CONTEXT),
         }
-        if name.endswith("-trim"):
+        if "trim" in flags:
             settings["TRIMPROXY_MAX_PROMPT_TOKENS"] = str(TRIM_BUDGET)
         args = [sys.executable, "-m", "proxy.cli", "serve", "--host", "127.0.0.1",
                 "--port", str(port)]  # fmt: skip
         env = _env(settings)
-        if name.endswith("-base"):
+        if "base" in flags:
             if baseline is None:
                 raise SystemExit(f"target {name} needs --baseline DIR")
             env["PYTHONPATH"] = os.pathsep.join((str(baseline.resolve()), env["PYTHONPATH"]))
@@ -493,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
         "--baseline",
         type=Path,
         default=None,
-        help="another checkout's root, for the trimproxy-base and trimproxy-hf-base targets",
+        help="another checkout's root, for the -base targets",
     )
     args = parser.parse_args(argv)  # fmt: skip
 
@@ -553,7 +561,7 @@ def main(argv: list[str] | None = None) -> int:
             url = sim.url if server is None else server.url
             if name.startswith("trimproxy"):
                 notes[name] = check_trimming(
-                    url, bodies["plain"].read_bytes(), name.endswith("trim")
+                    url, bodies["plain"].read_bytes(), "trim" in target_flags(name)
                 )
                 print(f"{name}: {notes[name]}")
             for mode in modes:  # warm pools and caches on both paths
