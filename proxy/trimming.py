@@ -91,8 +91,11 @@ def _turns(messages: Sequence[Message]) -> tuple[int, list[int], bool]:
     head = head_length(messages)
     if head == n:
         return head, [], True
-    starts = [head, *[i for i in range(head + 1, n) if messages[i].get("role") == "user"]]
-    return head, starts, messages[head].get("role") == "user"
+    starts = [i for i in range(head, n) if messages[i].get("role") == "user"]
+    if starts and starts[0] == head:
+        return head, starts, True
+    starts.insert(0, head)
+    return head, starts, False
 
 
 def _turn_sums(acc: list[int], starts: list[int]) -> list[int]:
