@@ -88,6 +88,20 @@ def test_splitter_prefers_the_longest_token() -> None:
     assert [text[s:e] for s, e in splitter.spans(text)] == ["<a><b>", "<a>", "<ab>"]
 
 
+def test_split_alternates_runs_and_the_tokens_spans_finds() -> None:
+    """``split`` is what the counter walks: runs at even places, the matches of
+    ``spans`` (the same ones, stripped whitespace included) at odd ones."""
+    from proxy.tokens.hf.added_tokens import AddedToken as Spec
+
+    splitter = AddedTokenSplitter([Spec("<a>"), Spec("<a><b>"), Spec("<e>", lstrip=True)])
+    text = "<a><b>y<a><a>z  <e>"
+    parts = splitter.split(text)
+    assert parts == ["", "<a><b>", "y", "<a>", "", "<a>", "z", "  <e>", ""]
+    assert parts[1::2] == [text[s:e] for s, e in splitter.spans(text)]
+    assert "".join(parts) == text
+    assert AddedTokenSplitter([]).split(text) == [text]
+
+
 def _tok(content: str) -> Any:
     from proxy.tokens.hf.added_tokens import AddedToken as Spec
 

@@ -70,6 +70,20 @@ class AddedTokenSplitter:
         self.pattern: re.Pattern[str] | None = (
             re.compile("|".join(alternatives)) if alternatives else None
         )
+        # The same pattern as one group (it has no other: the trie and the flags use
+        # only non-capturing ones), so that re.split keeps the matches.
+        self._splitter: re.Pattern[str] | None = (
+            re.compile("(" + self.pattern.pattern + ")") if self.pattern is not None else None
+        )
+
+    def split(self, text: str) -> list[str]:
+        """The text cut at its added tokens: ``[run, token, run, ..., token, run]``,
+        runs at even places (empty where two tokens meet) and matches at odd ones.
+
+        One C call that builds the strings themselves: no match objects, no slicing."""
+        if self._splitter is None:
+            return [text]
+        return self._splitter.split(text)
 
     def spans(self, text: str) -> list[tuple[int, int]]:
         if self.pattern is None:

@@ -65,26 +65,26 @@ class RunCounter:
         get, touch = cache.lookups()
         hits = 0
         pos = 0
-        # The empty span at the end closes the last run; an added token is never empty.
-        for start, end in [*self.splitter.spans(text), (len(text), len(text))]:
-            if start > pos:
-                chunk = text[pos:start]
+        token = False  # the parts alternate: a run, an added token, a run, ...
+        for part in self.splitter.split(text):
+            if token:
+                pieces.append((pos, 1))  # an added token
+            elif part:
                 if pos == 0:  # the first run is counted without the anchor: its own map
-                    known = first_cache.get(chunk)
+                    known = first_cache.get(part)
                 else:
-                    known = get(chunk)
+                    known = get(part)
                     if known is None:
                         cache.misses += 1
                     else:
-                        touch(chunk)
+                        touch(part)
                         hits += 1
                 if known is None:
-                    missing.append((len(pieces), chunk, pos == 0))
+                    missing.append((len(pieces), part, pos == 0))
                     known = -1
                 pieces.append((pos, known))
-            if end > start:
-                pieces.append((start, 1))  # an added token
-            pos = end
+            pos += len(part)
+            token = not token
         cache.hits += hits
         return pieces, missing
 
