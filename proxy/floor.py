@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from proxy.trimming import HEAD_ROLES, head_length
+from proxy.trimming import head_length
 from proxy.types import Message
 
 _COUNTED_ROLES = frozenset(("system", "developer", "user"))
@@ -46,31 +46,15 @@ def _floor(kept: list[Message], max_token_chars: int) -> int:
 def floor_over(messages: Sequence[Message], max_token_chars: int, budget: int) -> int | None:
     """``prompt_floor`` when it is over ``budget``, else None; most prompts are under
     by far, and their lengths alone (whitespace and all: more than the floor counts)
-    say so without counting the whitespace.
-
-    The lengths are summed in the same walk that finds the head and the last turn
-    (``_kept_counted``'s rule, inline): this runs on every request long enough to be
-    trimmed."""
-    n = len(messages)
+    say so without counting the whitespace."""
+    kept = _kept_counted(messages)
     rough = 0
-    head = 0
-    while head < n:
-        message = messages[head]
-        if message.get("role") not in HEAD_ROLES:
-            break
+    for message in kept:
         content = message.get("content")
-        rough += len(content) if content.__class__ is str else _chars(content)
-        head += 1
-    last = n - 1
-    while last > head and messages[last].get("role") != "user":
-        last -= 1
-    for message in messages[max(last, head) :]:
-        if message.get("role") in _COUNTED_ROLES:
-            content = message.get("content")
-            rough += len(content) if content.__class__ is str else _chars(content)
+        rough += len(content) if isinstance(content, str) else _chars(content)
     if rough // (max_token_chars * _SLACK) <= budget:
         return None
-    floor = _floor(_kept_counted(messages), max_token_chars)
+    floor = _floor(kept, max_token_chars)
     return floor if floor > budget else None
 
 

@@ -307,11 +307,7 @@ def _replay_budget(
     reason: str | None = None
     k = bisect_right(prompts, high + prefix[0])
     while k < steps:
-        # _cut_to, inline: this loop runs on every trimmed request
-        prompt = prompts[k]
-        c = bisect_left(prefix, prompt - low, cut, k)
-        cut = c if prompt - prefix[c] <= low else bisect_left(prefix, prompt - high, cut, k)
-        reason = "budget"
+        cut, reason = _cut_to(prefix, cut, k, prompts[k], low, high), "budget"
         k = bisect_right(prompts, high + prefix[cut], k + 1)
     return cut, reason
 

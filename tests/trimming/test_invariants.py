@@ -213,6 +213,32 @@ def test_the_fits_whole_shortcut_agrees_with_the_replay(
     assert not fits_whole(count.total + 1, count.total, None)
 
 
+def _outcome(
+    messages: list[Message], count: PromptCount, policy: TrimPolicy
+) -> tuple[tuple[int, ...], int, str | None] | str:
+    try:
+        result = trim(messages, count, policy)
+    except ContextLengthExceeded as exc:
+        return exc.message
+    return result.kept, result.tokens, result.reason
+
+
+@PROPS
+@given(cases())
+def test_the_bisected_budget_replay_agrees_with_the_step_by_step_one(
+    case: tuple[list[Message], PromptCount, TrimPolicy],
+) -> None:
+    # With a budget and no turn limit the replay bisects for the steps over the budget
+    # and for each cut; a turn limit that can never bind (more turns than messages)
+    # sends the same conversation through the loop that visits every step.
+    messages, count, policy = case
+    bisected = TrimPolicy(policy.budget, policy.target, None, policy.pin_first_user)
+    step_by_step = TrimPolicy(
+        policy.budget, policy.target, len(messages) + 1, policy.pin_first_user
+    )
+    assert _outcome(messages, count, bisected) == _outcome(messages, count, step_by_step)
+
+
 @st.composite
 def growing(draw: st.DrawFn) -> tuple[list[list[Message]], list[int], TrimPolicy]:
     """A chat as a client sends it: the whole history plus one new user message.
