@@ -87,6 +87,33 @@ def test_empty_tool_calls_and_reasoning() -> None:
 
 
 @pytest.mark.parametrize(
+    "message",
+    [
+        {"role": "user", "content": "as it is"},
+        {"content": "content first", "role": "user"},  # a template may read keys in order
+        {"role": "developer", "content": "gets a tools key"},
+        {"role": "user", "content": None},
+        {"role": "user", "name": "no content"},
+    ],
+)
+def test_a_role_and_a_string_go_on_as_they_are(message: dict[str, Any]) -> None:
+    # The shortcut hands on the request's own dict; everything else is rebuilt. Either
+    # way the template sees what vLLM's rebuild gives: the role and the text, in order.
+    conv, media = to_conversation([message], "string")
+    shortcut = (
+        list(message) == ["role", "content"]
+        and isinstance(message["content"], str)
+        and message["role"] != "developer"
+    )
+    assert (conv[0] is message) is shortcut
+    assert list(conv[0])[:2] == ["role", "content"]
+    assert conv[0]["content"] == (message.get("content") or "")
+    assert media == [0]
+    parts, _ = to_conversation([message], "openai")
+    assert parts[0] is not message  # the openai format wraps a string in a part
+
+
+@pytest.mark.parametrize(
     ("name", "fmt"),
     [
         ("content_parts", "openai"),

@@ -26,6 +26,7 @@ from proxy.tokens.approx import IMAGE_TOKENS, ApproxCounter, estimate_message
 from proxy.tokens.discover import hub_cache_dir, local_tokenizer
 from proxy.tokens.errors import ConfigError
 from proxy.tokens.hf.added_tokens import AddedToken, AddedTokenSplitter
+from proxy.tokens.hf.locate import Locator
 from proxy.tokens.hf.normalize import ContentFormat, detect_content_format, to_conversation
 from proxy.tokens.hf.render import Rendered, TrackedTemplate, attribute
 from proxy.tokens.hf.runs import RunCounter
@@ -142,6 +143,8 @@ class _Template:
         self.tracked = tracked
         self.format: ContentFormat = fmt
         self.tracking_ok = True
+        #: Placing messages in a plain render (``locate``), without tools and with.
+        self.locators = (Locator(), Locator())
 
 
 class HFCounter:
@@ -216,6 +219,7 @@ class HFCounter:
         """Compare the fast path with ``apply_chat_template`` on the check conversations;
         turn off a shortcut that disagrees (and say so), keep exactness."""
         rendered_any = False
+        tracked: list[tuple[Locator, list[dict[str, Any]], Rendered]] = []
         for sample in CHECK_CONVERSATIONS:
             for tools in (None, CHECK_TOOLS):
                 template = self._template(tools)
@@ -234,8 +238,9 @@ class HFCounter:
                 except Exception:
                     continue  # the template refuses this shape (e.g. no tool calls): skip it
                 rendered_any = True
+                prepared = self._prepare(conversation)
                 try:
-                    got = template.tracked.render(self._prepare(conversation), tools)
+                    got = template.tracked.render(prepared, tools)
                 except Exception:
                     got = None
                 fits = (
@@ -243,6 +248,10 @@ class HFCounter:
                     and got.text == want_text
                     and _contents_inside(conversation, got)
                 )
+                if fits and got is not None:
+                    locator = template.locators[tools is not None]
+                    locator.learn(prepared, got)
+                    tracked.append((locator, prepared, got))
                 if template.tracking_ok and not fits:
                     template.tracking_ok = False
                     log.warning(
@@ -259,6 +268,9 @@ class HFCounter:
                         "encoding whole prompts instead (slower, still exact)",
                         self.source,
                     )
+        # Every header learned first: a locator is checked against them all.
+        for locator, prepared, got in tracked:
+            locator.verify(prepared, got)
         if not rendered_any:
             raise ConfigError(
                 f"TRIMPROXY_TOKENIZER=hf:{self.source}: the chat template fails on every "
@@ -286,6 +298,22 @@ class HFCounter:
             return list(alias(out))
         return out
 
+    @staticmethod
+    def _render(
+        template: _Template, prepared: list[dict[str, Any]], tools: Sequence[JSONObject] | None
+    ) -> tuple[str, Sequence[int]]:
+        """The rendered text and each message's bounds in it: placed in a plain render
+        where the template's locator can, else from a tracked render."""
+        locator = template.locators[tools is not None]
+        if locator.usable and locator.placeable(prepared):
+            text, end = template.tracked.render_plain(prepared, tools)
+            bounds = locator.locate(text, prepared, end)
+            locator.note(bounds is not None)
+            if bounds is not None:
+                return text, bounds
+        rendered = template.tracked.render(prepared, tools)
+        return rendered.text, rendered.bounds
+
     async def _total(self, text: str) -> int:
         loop = asyncio.get_running_loop()
         counts = await loop.run_in_executor(self._executor, self._encode, [text])
@@ -305,8 +333,7 @@ class HFCounter:
             conversation, media = to_conversation(messages, template.format)
             prepared = self._prepare(conversation)
             if template.tracking_ok:
-                rendered = template.tracked.render(prepared, tools)
-                text, bounds = rendered.text, rendered.bounds
+                text, bounds = self._render(template, prepared, tools)
             else:
                 text = self._tok.apply_chat_template(
                     prepared, tools=tools, add_generation_prompt=True, tokenize=False

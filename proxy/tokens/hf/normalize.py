@@ -118,10 +118,27 @@ def _tool_calls(calls: list[Any]) -> list[Any]:
 def to_conversation(
     messages: Sequence[Message], fmt: ContentFormat
 ) -> tuple[list[dict[str, Any]], list[int]]:
-    """The conversation vLLM renders, and the media parts of each message."""
+    """The conversation vLLM renders, and the media parts of each message.
+
+    A message of a role and a string, in that order, is what vLLM would rebuild it
+    as: it goes on as it is, not copied (the template only reads it). Most of a chat
+    is such messages, and the copy was most of this function's cost.
+    """
     conversation: list[dict[str, Any]] = []
     media: list[int] = []
+    strings = fmt == "string"
     for message in messages:
+        if (
+            strings
+            and len(message) == 2
+            and message.get("content").__class__ is str
+            and next(iter(message)) == "role"
+            and message["role"].__class__ is str
+            and message["role"] != "developer"  # vLLM gives it a tools key
+        ):
+            conversation.append(message)
+            media.append(0)
+            continue
         role = message.get("role")
         role = role if isinstance(role, str) else str(role)
         content, n_media = _content(message.get("content"), fmt, role)

@@ -211,21 +211,42 @@ class TrackedTemplate:
         messages = _Msgs(_proxies(conversation, tracker), _proxies(conversation, tracker), tracker)
         chunks: list[str] = []
         append = chunks.append
-        for chunk in self._compiled.generate(
+        for chunk in self._generate(messages, tools, add_generation_prompt):
+            append(chunk)
+            tracker.offset += len(chunk)
+        text = "".join(chunks)
+        end = self._end(text, add_generation_prompt)
+        return Rendered(text, tuple(_bounds(len(conversation), tracker.passes, end)))
+
+    def render_plain(
+        self, conversation: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None
+    ) -> tuple[str, int]:
+        """The same text, rendered untracked, and where the generation prompt begins
+        (what ``locate.Locator`` needs to place the messages itself)."""
+        text = "".join(self._generate(conversation, tools, True))
+        return text, self._end(text, True)
+
+    def _generate(
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]] | None,
+        add_generation_prompt: bool,
+    ) -> Iterator[str]:
+        return self._compiled.generate(
             **self._context,
             messages=messages,
             tools=list(tools) if tools is not None else None,
             documents=None,
             add_generation_prompt=add_generation_prompt,
-        ):
-            append(chunk)
-            tracker.offset += len(chunk)
-        text = "".join(chunks)
-        end = len(text)
+        )
+
+    def _end(self, text: str, add_generation_prompt: bool) -> int:
+        """Where the last message ends: before the generation prompt, when it is a
+        plain suffix."""
         suffix = self.generation_suffix
         if add_generation_prompt and suffix and text.endswith(suffix):
-            end -= len(suffix)
-        return Rendered(text, tuple(_bounds(len(conversation), tracker.passes, end)))
+            return len(text) - len(suffix)
+        return len(text)
 
     def learn_generation_suffix(self, sample_conversation: Sequence[dict[str, Any]]) -> None:
         """The text ``add_generation_prompt`` appends, when it is a plain suffix."""

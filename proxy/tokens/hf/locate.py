@@ -1,0 +1,155 @@
+"""Where each message lies in a plain rendering of the chat template.
+
+The tracked rendering (``render``) learns each message's place by watching the
+template read it, and that costs as much again as rendering: 713 k instructions
+against 404 k for Jinja's plain render of the bench's 20 messages
+(``bench/parts.py``). Most templates write a message as a header that depends on
+its role only, then its text. After a plain render, such a message's place can be
+found instead: its role's header, searched for after the previous message's text,
+with its own text right after it.
+
+The headers are learned at start-up from the tracked renderings of the check
+conversations, and a ``Locator`` is used only where it gave the tracked bounds on
+every check conversation it could place, and on at least one. A request it cannot
+place (content that is not a non-empty string, a role without one header, text
+the template changed) is rendered tracked, as before; a template that changes text
+on most requests (one that strips reasoning from the history) stops being located.
+Only the split between messages rests on this: the total is counted from the text.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from proxy.tokens.hf.render import Rendered
+
+log = logging.getLogger("trimproxy.tokens")
+
+#: Requests a locator may fail to place before its share of failures is judged.
+_GRACE = 32
+
+
+class Locator:
+    """Places the messages of one template's plain renders (with or without tools)."""
+
+    __slots__ = ("headers", "missed", "placed", "refuted", "verified")
+
+    def __init__(self) -> None:
+        #: role -> the text between a message's bound and its content; None where two
+        #: messages of the role disagreed (position-dependent headers).
+        self.headers: dict[str, str | None] = {}
+        self.verified = False
+        """Placed a check conversation exactly where the tracked rendering did."""
+        self.refuted = False
+        """Placed one elsewhere, or failed on too many requests: never used again."""
+        self.placed = 0
+        self.missed = 0
+
+    @property
+    def usable(self) -> bool:
+        return self.verified and not self.refuted
+
+    # --- start-up -----------------------------------------------------------------
+
+    def learn(self, conversation: Sequence[dict[str, Any]], rendered: Rendered) -> None:
+        """Note each role's header from a tracked rendering: the text from a message's
+        bound to where its content begins, where the content lies in its own stretch."""
+        text, bounds = rendered.text, rendered.bounds
+        for i, message in enumerate(conversation):
+            content, role = message.get("content"), message.get("role")
+            if content.__class__ is not str or not content or role.__class__ is not str:
+                continue
+            at, _ = _find(text, content, bounds[i])
+            if at < 0 or at >= bounds[i + 1]:
+                continue  # the template changed the text: nothing to learn from it
+            header = text[bounds[i] : at]
+            # An empty header would leave the text alone to say where a message is.
+            if not header or self.headers.setdefault(role, header) != header:
+                self.headers[role] = None
+
+    def verify(self, conversation: Sequence[dict[str, Any]], rendered: Rendered) -> None:
+        """Compare with a tracked rendering: one disagreement and the locator is off."""
+        if not self.placeable(conversation):
+            return
+        end = rendered.bounds[-1]
+        got = self.locate(rendered.text, conversation, end)
+        if got is None:
+            return  # the template changed a text: no answer, and no wrong one
+        if got == rendered.bounds:
+            self.verified = True
+        else:
+            self.refuted = True
+
+    # --- per request ----------------------------------------------------------------
+
+    def placeable(self, conversation: Sequence[dict[str, Any]]) -> bool:
+        """Whether every message has a text to search for and a header to check."""
+        headers = self.headers
+        for message in conversation:
+            content = message.get("content")
+            if content.__class__ is not str or not content:
+                return False
+            if headers.get(message.get("role")) is None:  # type: ignore[arg-type]
+                return False
+        return True
+
+    def locate(
+        self, text: str, conversation: Sequence[dict[str, Any]], end: int
+    ) -> tuple[int, ...] | None:
+        """The bounds ``render`` would give (each message's start, then ``end``), or
+        None when a message is not where its role's header and text say. Call only
+        on a ``placeable`` conversation."""
+        # The header first: a short search from where the last text ended, then the
+        # text compared in place. Searching for the text itself (hundreds of
+        # characters) costs str.find's set-up for a long needle on every message.
+        headers = self.headers
+        bounds: list[int] = []
+        append = bounds.append
+        pos = 0
+        for message in conversation:
+            header: str = headers[message["role"]]  # type: ignore[assignment]
+            start = text.find(header, pos)
+            if start < 0:
+                return None
+            pos = start + len(header)
+            content: str = message["content"]
+            if not text.startswith(content, pos):
+                content = content.strip()  # templates that trim it
+                if not content or not text.startswith(content, pos):
+                    return None
+            append(start)
+            pos += len(content)
+        if pos > end:
+            return None
+        append(end)
+        return tuple(bounds)
+
+    def note(self, placed: bool) -> None:
+        """Count a request's outcome; turn the locator off when most requests fail
+        (each failure costs a second, tracked, rendering)."""
+        if placed:
+            self.placed += 1
+            return
+        self.missed += 1
+        if self.missed >= _GRACE and self.missed * 4 > self.placed:
+            self.refuted = True
+            log.warning(
+                "chat template: %d of %d requests' messages were not found in the plain "
+                "rendering; rendering with tracking from now on",
+                self.missed,
+                self.missed + self.placed,
+            )
+
+
+def _find(text: str, content: str, pos: int) -> tuple[int, int]:
+    """Where ``content`` first appears at or after ``pos``, and its length there;
+    stripped of its edge whitespace when not found whole (templates that ``trim``)."""
+    at = text.find(content, pos)
+    if at >= 0:
+        return at, len(content)
+    stripped = content.strip()
+    if not stripped:
+        return -1, 0
+    return text.find(stripped, pos), len(stripped)
