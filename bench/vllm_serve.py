@@ -19,6 +19,7 @@ each proxy's CPU a request.
     .venv/bin/python bench/vllm_serve.py --pairs 1 --prompts 48
     .venv/bin/python bench/vllm_serve.py --arms trimproxy,trimproxy-approx,floor,floor-aiohttp
     .venv/bin/python bench/vllm_serve.py --baseline /path/to/other/checkout   # before/after
+    .venv/bin/python bench/vllm_serve.py --same-prompts    # prompts the proxy counted before
 
 ``--arms`` picks the arms (``ARMS``; default ``trimproxy`` and ``floor-aiohttp``, the
 cheapest Python proxy: what any Python hop on these cores costs the engine).
@@ -169,6 +170,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pairs", type=int, default=2, help="measured rounds [2]")
     parser.add_argument("--prompts", type=int, default=64, help="requests a run [64]")
     parser.add_argument("--concurrency", type=int, default=16, help="--max-concurrency [16]")
+    parser.add_argument(
+        "--same-prompts",
+        action="store_true",
+        help="every run sends the same prompts (one seed): after the warm-up, the proxies "
+        "count them from their caches and the engine's prefix cache holds them, so the "
+        "runs measure the hop without the counting of fresh text",
+    )
     parser.add_argument("--json", type=Path, default=RESULTS, help=f"[{RESULTS}]")
     parser.add_argument(
         "--arms", default=",".join(DEFAULT_ARMS),
@@ -233,14 +241,15 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(row), flush=True)
 
         seed = 1000
+        step = 0 if args.same_prompts else 1
         for arm in arms:  # warm-up: the engine's first batches, the proxies' pools
             one(arm, seed, warm=True)
-            seed += 1
+            seed += step
         try:
             for _ in range(args.pairs):
                 for arm in arms:
                     one(arm, seed, warm=False)
-                    seed += 1
+                    seed += step
         finally:
             for proxy in proxies.values():
                 _show_failures(proxy.logs())
