@@ -13,7 +13,8 @@ conversations, and a ``Locator`` is used only where it gave the tracked bounds o
 every check conversation it could place, and on at least one. A request it cannot
 place (content that is not a non-empty string, a role without one header, text
 the template changed) is rendered tracked, as before; a template that changes text
-on most requests (one that strips reasoning from the history) stops being located.
+on more than a fifth of its requests (one that strips reasoning from the history)
+stops being located, so that it does not render twice for long.
 Only the split between messages rests on this: the total is counted from the text.
 """
 
