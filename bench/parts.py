@@ -47,7 +47,7 @@ PARTS = {
     "body": "with_messages: the trimmed body serialised",
     "hf-count": "HFCounter.count, whole (runs cache warm)",
     "hf-prepare": "to_conversation and _prepare: the messages as transformers hands them on",
-    "hf-jinja": "Jinja's plain generate of the chat template (what vLLM runs)",
+    "hf-jinja": "TrackedTemplate.render_plain: Jinja's plain render (what vLLM runs)",
     "hf-render": "TrackedTemplate.render: the same, with each message's place noted",
     "hf-spans": "RunCounter.spans_sync: the text cut at added tokens, runs from the cache",
     "hf-attribute": "attribute: the pieces' tokens summed per message",
@@ -111,23 +111,9 @@ def _build_hf(part: str, workdir: Path, messages: list[Any]) -> Callable[[], obj
     if part == "hf-prepare":
         return lambda: counter._prepare(to_conversation(messages, template.format)[0])
     if part == "hf-jinja":
-        compiled = counter._utils._compile_jinja_template(template.source)
-        context = counter._context
-
-        def plain() -> str:
-            return "".join(
-                compiled.generate(
-                    **context,
-                    messages=prepared,
-                    tools=None,
-                    documents=None,
-                    add_generation_prompt=True,
-                )
-            )
-
-        if plain() != rendered.text:
+        if template.tracked.render_plain(prepared, None)[0] != rendered.text:
             raise SystemExit("the plain render differs from the tracked one")
-        return plain
+        return lambda: template.tracked.render_plain(prepared, None)
     if part == "hf-render":
         return lambda: template.tracked.render(prepared, None)
     if part == "hf-spans":

@@ -51,8 +51,11 @@ def test_headers_are_learned_and_messages_placed_where_tracking_puts_them() -> N
     padded = {"role": "user", "content": "  Hello there \n"}
     conversation = [USER, REPLY, USER, REPLY, padded]
     rendered = chatml(conversation)
-    assert locator.placeable(conversation)
-    assert locator.locate(rendered.text, conversation, rendered.bounds[-1]) == rendered.bounds
+    headers = locator.headers_of(conversation)
+    assert headers is not None
+    assert locator.locate(rendered.text, conversation, headers, rendered.bounds[-1]) == (
+        rendered.bounds
+    )
 
 
 @pytest.mark.parametrize(
@@ -66,7 +69,7 @@ def test_headers_are_learned_and_messages_placed_where_tracking_puts_them() -> N
 def test_what_cannot_be_placed_is_said_before_rendering(
     conversation: list[dict[str, Any]], why: str
 ) -> None:
-    assert not learned([SYSTEM, USER, REPLY, USER]).placeable(conversation), why
+    assert learned([SYSTEM, USER, REPLY, USER]).headers_of(conversation) is None, why
 
 
 def test_text_the_template_changed_or_moved_is_not_placed() -> None:
@@ -74,14 +77,16 @@ def test_text_the_template_changed_or_moved_is_not_placed() -> None:
     conversation = [USER, REPLY, USER]
     rendered = chatml(conversation)
     end = rendered.bounds[-1]
+    headers = locator.headers_of(conversation)
+    assert headers is not None
     # The reply rewritten by the template (reasoning stripped, say): not found.
     rewritten = rendered.text.replace("Hi.", "Hello.")
-    assert locator.locate(rewritten, conversation, end) is None
+    assert locator.locate(rewritten, conversation, headers, end) is None
     # Found, but not after its role's header (moved into another message).
     moved = rendered.text.replace("<|im_start|>assistant\nHi.", "<|im_start|>assistant\n*Hi.")
-    assert locator.locate(moved, conversation, end) is None
+    assert locator.locate(moved, conversation, headers, end) is None
     # Found only past the end of the last message: in the generation prompt.
-    assert locator.locate(rendered.text, conversation, end - 20) is None
+    assert locator.locate(rendered.text, conversation, headers, end - 20) is None
 
 
 def test_a_role_whose_header_depends_on_its_place_is_never_placed() -> None:
@@ -91,7 +96,7 @@ def test_a_role_whose_header_depends_on_its_place_is_never_placed() -> None:
     later = Rendered("[INST] Hello there [/INST]", (0, 26))
     locator.learn([USER], later)
     assert locator.headers["user"] is None
-    assert not locator.placeable([USER])
+    assert locator.headers_of([USER]) is None
 
 
 def test_one_disagreement_with_tracking_turns_the_locator_off() -> None:

@@ -188,6 +188,12 @@ def test_nothing_dropped_when_it_fits(case: tuple[list[Message], PromptCount, Tr
     assert result.reason is None
 
 
+def _step_by_step(policy: TrimPolicy, messages: list[Message], budget: int | None) -> TrimPolicy:
+    """``policy`` with a turn limit that can never bind (more turns than messages): the
+    same trim, through the replay loop that visits every step."""
+    return TrimPolicy(budget, policy.target, len(messages) + 1, policy.pin_first_user)
+
+
 @PROPS
 @given(cases())
 def test_the_fits_whole_shortcut_agrees_with_the_replay(
@@ -200,12 +206,7 @@ def test_the_fits_whole_shortcut_agrees_with_the_replay(
     assert policy.budget is not None
     budget = count.total + policy.budget % 7
     assert fits_whole(count.total, budget, None)
-    long_way = TrimPolicy(
-        budget=budget,
-        target=policy.target,
-        max_history_turns=len(messages) + 1,
-        pin_first_user=policy.pin_first_user,
-    )
+    long_way = _step_by_step(policy, messages, budget)
     assert not fits_whole(count.total, budget, long_way.max_history_turns)
     result = trim(messages, count, long_way)
     assert result.kept == tuple(range(len(messages)))
@@ -233,9 +234,7 @@ def test_the_bisected_budget_replay_agrees_with_the_step_by_step_one(
     # sends the same conversation through the loop that visits every step.
     messages, count, policy = case
     bisected = TrimPolicy(policy.budget, policy.target, None, policy.pin_first_user)
-    step_by_step = TrimPolicy(
-        policy.budget, policy.target, len(messages) + 1, policy.pin_first_user
-    )
+    step_by_step = _step_by_step(policy, messages, policy.budget)
     assert _outcome(messages, count, bisected) == _outcome(messages, count, step_by_step)
 
 

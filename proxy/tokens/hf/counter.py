@@ -305,9 +305,10 @@ class HFCounter:
         """The rendered text and each message's bounds in it: placed in a plain render
         where the template's locator can, else from a tracked render."""
         locator = template.locators[tools is not None]
-        if locator.usable and locator.placeable(prepared):
+        headers = locator.headers_of(prepared) if locator.usable else None
+        if headers is not None:
             text, end = template.tracked.render_plain(prepared, tools)
-            bounds = locator.locate(text, prepared, end)
+            bounds = locator.locate(text, prepared, headers, end)
             locator.note(bounds is not None)
             if bounds is not None:
                 return text, bounds

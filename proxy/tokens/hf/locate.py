@@ -72,10 +72,10 @@ class Locator:
 
     def verify(self, conversation: Sequence[dict[str, Any]], rendered: Rendered) -> None:
         """Compare with a tracked rendering: one disagreement and the locator is off."""
-        if not self.placeable(conversation):
+        headers = self.headers_of(conversation)
+        if headers is None:
             return
-        end = rendered.bounds[-1]
-        got = self.locate(rendered.text, conversation, end)
+        got = self.locate(rendered.text, conversation, headers, rendered.bounds[-1])
         if got is None:
             return  # the template changed a text: no answer, and no wrong one
         if got == rendered.bounds:
@@ -85,32 +85,34 @@ class Locator:
 
     # --- per request ----------------------------------------------------------------
 
-    def placeable(self, conversation: Sequence[dict[str, Any]]) -> bool:
-        """Whether every message has a text to search for and a header to check."""
+    def headers_of(self, conversation: Sequence[dict[str, Any]]) -> list[str] | None:
+        """Each message's header, or None when a message has no text to search for
+        (content that is not a non-empty string) or its role no header: known before
+        rendering, so such a request is rendered once, tracked."""
         headers = self.headers
+        out: list[str] = []
+        append = out.append
         for message in conversation:
             content = message.get("content")
-            if content.__class__ is not str or not content:
-                return False
-            if headers.get(message.get("role")) is None:  # type: ignore[arg-type]
-                return False
-        return True
+            header = headers.get(message.get("role"))  # type: ignore[arg-type]
+            if header is None or content.__class__ is not str or not content:
+                return None
+            append(header)
+        return out
 
+    @staticmethod
     def locate(
-        self, text: str, conversation: Sequence[dict[str, Any]], end: int
+        text: str, conversation: Sequence[dict[str, Any]], headers: Sequence[str], end: int
     ) -> tuple[int, ...] | None:
         """The bounds ``render`` would give (each message's start, then ``end``), or
-        None when a message is not where its role's header and text say. Call only
-        on a ``placeable`` conversation."""
+        None when a message is not where its header (``headers_of``) and text say."""
         # The header first: a short search from where the last text ended, then the
         # text compared in place. Searching for the text itself (hundreds of
         # characters) costs str.find's set-up for a long needle on every message.
-        headers = self.headers
         bounds: list[int] = []
         append = bounds.append
         pos = 0
-        for message in conversation:
-            header: str = headers[message["role"]]  # type: ignore[assignment]
+        for message, header in zip(conversation, headers, strict=True):
             start = text.find(header, pos)
             if start < 0:
                 return None
@@ -128,8 +130,9 @@ class Locator:
         return tuple(bounds)
 
     def note(self, placed: bool) -> None:
-        """Count a request's outcome; turn the locator off when most requests fail
-        (each failure costs a second, tracked, rendering)."""
+        """Count a request's outcome; turn the locator off when more than a fifth of
+        them fail, after ``_GRACE`` failures (each one costs a second, tracked,
+        rendering)."""
         if placed:
             self.placed += 1
             return
