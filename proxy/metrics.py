@@ -1,4 +1,4 @@
-"""Every metric the proxy exports, declared in one place (DESIGN section 6).
+"""Every metric the proxy exports, declared in one place (docs/architecture.md §15).
 
 Metrics live on a ``Metrics`` object built by the app factory, each on the
 registry it is given, so several apps (tests, workers) never collide. With more

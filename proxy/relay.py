@@ -356,14 +356,14 @@ class CancelOnDisconnect:
 
 #: Seconds before a request's client is watched. An answer that is over sooner (most
 #: non-streamed ones behind a fast engine) never pays for the watcher task, its
-#: ``receive`` and its cancellation (~6 us a request, issue 17); one that takes longer
+#: ``receive`` and its cancellation (~6 us a request); one that takes longer
 #: notices a client that left within this delay, well inside the 1.5 s that frees the
 #: engine's KV blocks in time (``test_client_disconnect_closes_the_upstream_at_once``).
 WATCH_DELAY = 0.25
 #: Streams are watched from the start: they last, so the watcher's cost is nothing
 #: beside them, and a client that stops a stream is the common case. A delay would
 #: also widen the window in which a proxy that shares its cores with a CPU engine,
-#: and is not scheduled for seconds, misses the moment (issue 17's CI run).
+#: and is not scheduled for seconds, misses the moment (docs/architecture.md §13).
 STREAM_WATCH_DELAY = 0.0
 
 

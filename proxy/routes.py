@@ -177,7 +177,7 @@ class ChatRoute:
     accounting, the API keys and the in-flight limit, but the one route that carries
     the traffic skips the layers between there and the handler (Starlette's
     exception middleware, its router's matching, two exception wrappers around the
-    handler and around every ``send``), about 20 us a request (issue 17). It
+    handler and around every ``send``), about 20 us a request (docs/architecture.md §1). It
     answers a ``ProxyError`` as the app's handler does; anything else propagates to
     the same server-error handler as before.
     """

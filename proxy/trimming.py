@@ -1,7 +1,7 @@
 """Pure trimming: which messages of a chat request to keep under a token budget.
 
 No I/O and no state: the input is the messages, their counts and a policy; the
-output is the indices to keep. The invariants of DESIGN section 3 hold for every
+output is the indices to keep. The invariants of docs/architecture.md §6 hold for every
 input, and each one has a property test.
 
 A *turn* is a user message with every message after it up to the next user
@@ -139,7 +139,7 @@ def trim(
     """Choose the messages to forward.
 
     ``history_start`` is a session's reset point: turns that begin before it are
-    dropped whatever the budget (DESIGN section 4); it is an index into
+    dropped whatever the budget (docs/architecture.md §10); it is an index into
     ``messages`` and snaps forward to the next turn start.
     Raises ``ContextLengthExceeded`` when the system block plus the last turn alone
     are over the budget.

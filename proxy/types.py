@@ -21,7 +21,7 @@ JSON_MEDIA_TYPE = "application/json"
 
 
 # Not frozen: a frozen dataclass sets every field through object.__setattr__ (~0.1 us
-# a field), and this one is built on every request (issue 17). Treat it as read-only.
+# a field), and this one is built on every request. Treat it as read-only.
 @dataclass(slots=True)
 class PromptCount:
     """The counted prompt of one message list.

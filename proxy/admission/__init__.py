@@ -1,4 +1,4 @@
-"""KV admission (DESIGN section 10): a ledger of the engine's KV tokens, FIFO, shared.
+"""KV admission (docs/architecture.md §11): a ledger of the engine's KV tokens, FIFO, shared.
 
 Each chat request reserves ``forwarded prompt + completion reserve`` tokens before it
 is forwarded and gives them back when its answer ends, fails or its client leaves, so

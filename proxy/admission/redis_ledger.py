@@ -1,4 +1,4 @@
-"""The ledger shared by every worker and replica through Redis (DESIGN sections 9, 10).
+"""The ledger shared by every worker and replica through Redis (docs/architecture.md §11, §18).
 
 Keys, per upstream (``ns`` is a hash of its URL, so engines never share a ledger)::
 

@@ -1,4 +1,4 @@
-"""The one shape every token backend has (DESIGN section 5).
+"""The one shape every token backend has (docs/architecture.md §8).
 
 Backends are swappable behind this Protocol, the way httpx swaps transports: the
 request path only ever sees ``TokenCounter`` and the ``PromptCount`` it returns.

@@ -1,4 +1,4 @@
-"""Issue 11 items 5, 6 and 8: an upstream that answers nonsense, breaks off, or hangs.
+"""An upstream that answers nonsense, breaks off, or hangs.
 
 Every case runs a real ``trimproxy serve`` against ``tests/support/bad_upstream.py``.
 The rule under test: the client never mistakes a failure for success. Before the

@@ -1,4 +1,4 @@
-"""The cheap floor of item 11 is a floor: never above what the counters count.
+"""The cheap floor (docs/architecture.md §7) is a floor: never above what the counters count.
 
 If it were, a request that fits would be refused. Checked by property against the
 tiny model's own tokenizer (``hf``) and ``approx`` on text built from words,

@@ -1,4 +1,4 @@
-"""Issue 11 items 4, 9 and part of 12: clients that stall or leave hold nothing.
+"""Serving limits (docs/architecture.md §16): clients that stall or leave hold nothing.
 
 * a body that stalls is answered 408 after ``TRIMPROXY_BODY_TIMEOUT``;
 * a request counts against ``TRIMPROXY_MAX_IN_FLIGHT`` (and in the in-flight gauge)

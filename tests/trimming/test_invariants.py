@@ -1,4 +1,4 @@
-"""Property tests: every invariant of DESIGN section 3 over generated conversations."""
+"""Property tests: every invariant of docs/architecture.md §6 over generated conversations."""
 
 from __future__ import annotations
 
