@@ -80,9 +80,3 @@ def size_floor(body_bytes: int, max_token_chars: int) -> int:
     of its text came from at least one byte of the JSON. At or under the budget, the
     scan of the text is not needed."""
     return body_bytes // (max_token_chars * _SLACK)
-
-
-def max_token_chars(counter: object) -> int | None:
-    """The counter's longest token in characters, when it knows it."""
-    value = getattr(counter, "max_token_chars", None)
-    return value if isinstance(value, int) and value > 0 else None

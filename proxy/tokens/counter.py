@@ -26,6 +26,13 @@ class TokenCounter(Protocol):
     exact: bool
     additive: bool
 
+    @property
+    def max_token_chars(self) -> int | None:
+        """The most characters one token covers, when the counter knows it (its
+        vocabulary's longest entry); None when it does not. The cheap floor
+        (``proxy.floor``) divides a prompt's length by it."""
+        ...
+
     async def count(
         self,
         messages: Sequence[Message],
