@@ -3,7 +3,9 @@
 Every error the proxy itself raises is a ``ProxyError`` and renders as
 ``{"error": {"message", "type", "param", "code"}}``. Messages are built from facts
 (sizes, limits, field names), never from ``str(exc)``, so no path or trace leaks.
-The HTTP client's failures are translated to these in one place: ``upstream_failure``.
+The HTTP client's failures are translated to these here (``upstream_failure`` on the
+way to an answer's head, ``broken_off`` in its body), and counted in one place, the
+``Upstream.failure`` that calls them.
 """
 
 from __future__ import annotations
@@ -223,6 +225,25 @@ def upstream_failure(
     return UpstreamUnavailable(
         f"The upstream at {upstream_url} could not be reached. Check that the model "
         "server is running and that TRIMPROXY_UPSTREAM_URL points at it.",
+        kind=kind,
+    )
+
+
+def broken_off(exc: BaseException, where: str) -> ProxyError:
+    """The error for an upstream at ``where`` (its origin) that broke off mid-answer:
+    timed out, or cut short."""
+    kind = upstream_error_kind(exc)
+    if kind == "timeout":
+        return UpstreamTimeout(
+            f"The upstream at {where} stopped sending its answer for longer than the read "
+            "timeout (TRIMPROXY_READ_TIMEOUT). Retry; if it keeps happening, the model "
+            "server is overloaded or stuck.",
+            kind=kind,
+        )
+    return UpstreamProtocolError(
+        f"The upstream at {where} was reached but answered something invalid (its answer "
+        "broke off before the end). Retry; if it keeps happening, check the model "
+        "server's logs.",
         kind=kind,
     )
 
