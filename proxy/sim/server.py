@@ -21,6 +21,7 @@ import orjson
 from aiohttp import web
 
 from proxy.sim import control, responses, routes
+from proxy.sim.clock import Clock
 from proxy.sim.config import SimConfig
 from proxy.sim.dialect import SimError
 from proxy.sim.state import RECORD, STATE, FailRule, SimState
@@ -99,10 +100,11 @@ async def _fail(request: web.Request, rule: FailRule) -> web.StreamResponse:
     return response
 
 
-def build_app(config: SimConfig) -> web.Application:
-    """The sim as an aiohttp application (``serve`` runs it; so can a test server)."""
+def build_app(config: SimConfig, clock: Clock | None = None) -> web.Application:
+    """The sim as an aiohttp application (``serve`` runs it; so can a test server).
+    ``clock`` replaces the wall clock (tests: ``clock.StepClock``)."""
     app = web.Application(middlewares=[_record_middleware], client_max_size=config.max_body_bytes)
-    app[STATE] = SimState(config)
+    app[STATE] = SimState(config, clock)
     router = app.router
     router.add_get("/v1/models", routes.models)
     router.add_post("/v1/chat/completions", routes.chat_completions)
@@ -112,6 +114,7 @@ def build_app(config: SimConfig) -> web.Application:
         router.add_get("/health", routes.health)
         router.add_get("/metrics", routes.metrics)
         router.add_post("/tokenize", routes.tokenize)
+        router.add_post("/reset_prefix_cache", routes.reset_prefix_cache)
         router.add_post("/v1/responses", responses.responses)
     else:
         router.add_post("/api/v1/token_check", routes.token_check)
