@@ -129,23 +129,35 @@ async def serve(
     port: int = 8000,
     *,
     ready: Callable[[str], None] | None = None,
+    engines: int = 1,
 ) -> None:
     """Serve until cancelled. ``ready`` gets the base URL once the socket listens;
-    with ``port=0`` it carries the port the OS chose."""
-    runner = web.AppRunner(
-        build_app(config),
-        access_log=None,  # a log line per request would cost more than the answer
-        handler_cancellation=True,  # a client that leaves cancels its handler at once
-    )
-    await runner.setup()
+    with ``port=0`` it carries the port the OS chose.
+
+    ``engines`` > 1 serves that many independent engines (each its own prefix cache,
+    KV pool, queue and metrics, like separate vLLM servers) on ports ``port``,
+    ``port + 1``, ... (or each a free one with ``port=0``); ``ready`` gets each URL,
+    in order."""
+    if engines < 1:
+        raise ValueError("engines must be at least 1")
+    runners: list[web.AppRunner] = []
     try:
-        site = web.TCPSite(runner, host, port, backlog=1024)
-        await site.start()
-        if ready is not None:
-            ready(_bound_url(runner, host))
+        for index in range(engines):
+            runner = web.AppRunner(
+                build_app(config),
+                access_log=None,  # a log line per request would cost more than the answer
+                handler_cancellation=True,  # a client that leaves cancels its handler at once
+            )
+            await runner.setup()
+            runners.append(runner)
+            site = web.TCPSite(runner, host, port + index if port else 0, backlog=1024)
+            await site.start()
+            if ready is not None:
+                ready(_bound_url(runner, host))
         await asyncio.Event().wait()
     finally:
-        await runner.cleanup()
+        for runner in runners:
+            await runner.cleanup()
 
 
 def _bound_url(runner: web.AppRunner, host: str) -> str:
@@ -160,7 +172,8 @@ def run(
     port: int = 8000,
     *,
     ready: Callable[[str], None] | None = None,
+    engines: int = 1,
 ) -> None:
     """``serve`` for the command line: blocks; Ctrl-C stops it quietly."""
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(config, host, port, ready=ready))
+        asyncio.run(serve(config, host, port, ready=ready, engines=engines))
