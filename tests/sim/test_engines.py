@@ -10,8 +10,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -20,6 +20,7 @@ from tests.conftest import StartSim
 from tests.sim.conversations import run_interleaved
 from tests.support.inprocess import StartApp
 from tests.support.processes import LoggedProcess, child_env
+from tests.support.sim import SimUpstream
 
 READY = "trimproxy-sim listening on "
 ENGINES = 3
@@ -39,9 +40,9 @@ def _ready_urls(proc: LoggedProcess, prefix: str, count: int, timeout: float = 2
         time.sleep(0.05)
 
 
-def _hits(url: str) -> tuple[float, float]:
+def _hits(url: str) -> tuple[int, int]:
     state = httpx.get(f"{url}/_sim/state").json()
-    return state["prefix_cache_hits_total"], state["prefix_cache_queries_total"]
+    return int(state["prefix_cache_hits_total"]), int(state["prefix_cache_queries_total"])
 
 
 def test_sim_engines_are_independent_servers(tmp_path: Path) -> None:
@@ -102,12 +103,16 @@ def test_serve_demo_engines_prints_each_and_proxies_to_the_first(tmp_path: Path)
 
 
 async def _hit_ratio(
-    sims: list[Any], app_proxy: StartApp, pick: Any, conversations: int, turns: int
+    sims: list[SimUpstream],
+    app_proxy: StartApp,
+    pick: Callable[[int, int], int],
+    conversations: int,
+    turns: int,
 ) -> float:
     proxies = [await app_proxy(upstream=sim, max_prompt_tokens=1000) for sim in sims]
     await run_interleaved([p.client for p in proxies], pick, conversations, turns)
-    hits, queries = (sum(pair) for pair in zip(*(_hits(sim.url) for sim in sims), strict=True))
-    return hits / queries
+    counts = [_hits(sim.url) for sim in sims]
+    return sum(h for h, _ in counts) / sum(q for _, q in counts)
 
 
 # Each engine holds about six of these conversations' prompts at the budget: enough
