@@ -63,6 +63,7 @@ def context_length_exceeded(
     reserve_asked: bool,
     max_prompt_tokens: int | None,
     at_least: bool = False,
+    reserve_setting: str = "TRIMPROXY_DEFAULT_COMPLETION_RESERVE",
 ) -> ContextLengthExceeded:
     """The 400 for a prompt that cannot fit even after trimming, worded the way OpenAI
     and vLLM word theirs ("This model's maximum context length is N tokens. However,
@@ -84,12 +85,15 @@ def context_length_exceeded(
             needed=needed,
         )
     assert window is not None and room is not None
-    reserved = (
-        f"{reserve} tokens of max_tokens"
-        if reserve_asked
-        else f"{reserve} tokens for the answer (TRIMPROXY_DEFAULT_COMPLETION_RESERVE, as the "
-        "request names no max_tokens)"
-    )
+    if reserve_asked:
+        reserved = f"{reserve} tokens of max_tokens"
+    elif reserve_setting == "TRIMPROXY_MAX_COMPLETION_TOKENS":
+        reserved = f"{reserve} tokens for the answer (TRIMPROXY_MAX_COMPLETION_TOKENS, the cap)"
+    else:
+        reserved = (
+            f"{reserve} tokens for the answer ({reserve_setting}, as the request names no "
+            "max_tokens)"
+        )
     return ContextLengthExceeded(
         f"This model's maximum context length is {window} tokens. However, your messages "
         f"resulted in {resulted}, {dropped}, and {reserved} leave {max(room, 0)} for the "

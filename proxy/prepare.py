@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import orjson
 from starlette.requests import Request
 
+from proxy.admission.allowance import Allowance, allowance_for, capped_headers, with_allowance
 from proxy.chat import ChatRequest, with_messages
 from proxy.dependencies import Services
 from proxy.errors import (
@@ -56,7 +58,9 @@ class Prepared:
     """Response headers for the client: token counts and the session's headers."""
     session_id: str | None
     reserve: int = 0
-    """Completion tokens the answer may take: ``max_tokens``, else the default reserve."""
+    """Completion tokens each answer may take (``allowance.tokens``)."""
+    allowance: Allowance | None = None
+    """The completion allowance: per answer, ``n``, and where it came from."""
     series: ModelSeries | None = None
     """The request's per-model metric series (the relay observes the estimate error)."""
 
@@ -72,9 +76,33 @@ async def model_series(svc: Services, model: str | None) -> ModelSeries:
     return svc.metrics.for_model(label)
 
 
+def completion_allowance(svc: Services, chat: ChatRequest) -> Allowance:
+    """Each answer's share of the window and of the KV reservation: the request's
+    ``max_tokens`` (lowered to TRIMPROXY_MAX_COMPLETION_TOKENS), else the cap, else
+    TRIMPROXY_DEFAULT_COMPLETION_RESERVE (``proxy.admission.allowance``)."""
+    settings = svc.settings
+    return allowance_for(chat, settings.max_completion_tokens, settings.default_completion_reserve)
+
+
 def completion_reserve(svc: Services, chat: ChatRequest) -> int:
-    """The answer's share of the window: its ``max_tokens``, else the default reserve."""
-    return chat.max_tokens or svc.settings.default_completion_reserve
+    """The answer's share of the window (``completion_allowance``)."""
+    return completion_allowance(svc, chat).tokens
+
+
+def untrimmed(raw: bytes, chat: ChatRequest, upstream: ChatRequest) -> bytes:
+    """The body of a request nothing was dropped from: the client's bytes, unless the
+    cap rewrote ``upstream``'s max_tokens."""
+    return raw if upstream is chat else orjson.dumps(upstream.body)
+
+
+def apply_allowance(
+    svc: Services, chat: ChatRequest, headers: dict[str, str]
+) -> tuple[ChatRequest, Allowance]:
+    """The request to forward under the cap (its body rewritten when the cap lowered or
+    filled in its max_tokens) and its allowance; the capped header goes in ``headers``."""
+    allowance = completion_allowance(svc, chat)
+    headers.update(capped_headers(allowance))
+    return with_allowance(chat, allowance), allowance
 
 
 async def context_window(svc: Services, chat: ChatRequest) -> int | None:
@@ -96,15 +124,15 @@ async def budget_for(svc: Services, chat: ChatRequest) -> int | None:
     window = await context_window(svc, chat)
     if window is None:
         return limit
-    reserve = completion_reserve(svc, chat)
+    allowance = completion_allowance(svc, chat)
+    reserve = allowance.tokens
     room = window - reserve - 1
     if room < 1:
-        asked = "max_tokens" if chat.max_tokens else "TRIMPROXY_DEFAULT_COMPLETION_RESERVE"
         raise ContextLengthExceeded(
             f"This model's maximum context length is {window} tokens. However, you "
-            f"requested {reserve} completion tokens ({asked}), which leaves no room for "
-            "the prompt. Ask for fewer completion tokens.",
-            param="max_tokens" if chat.max_tokens else None,
+            f"requested {reserve} completion tokens ({allowance.setting or 'max_tokens'}), "
+            "which leaves no room for the prompt. Ask for fewer completion tokens.",
+            param="max_tokens" if allowance.setting is None else None,
         )
     return room if limit is None else min(limit, room)
 
@@ -169,13 +197,15 @@ async def too_long(
 ) -> ContextLengthExceeded:
     """The 400 for ``needed`` prompt tokens that cannot fit, naming the binding limit."""
     settings = svc.settings
+    allowance = completion_allowance(svc, chat)
     return context_length_exceeded(
         needed=needed,
         window=await context_window(svc, chat),
-        reserve=completion_reserve(svc, chat),
-        reserve_asked=bool(chat.max_tokens),
+        reserve=allowance.tokens,
+        reserve_asked=allowance.setting is None,
         max_prompt_tokens=settings.max_prompt_tokens,
         at_least=at_least,
+        reserve_setting=allowance.setting or "max_tokens",
     )
 
 
@@ -209,6 +239,7 @@ async def prepare(
         history_start = admission.history_start
         headers.update(admission.headers)
         facts.session_id = admission.headers.get(SESSION_ID)
+    upstream, allowance = apply_allowance(svc, chat, headers)
 
     budget = await budget_for(svc, chat)
     if budget is not None:
@@ -221,7 +252,7 @@ async def prepare(
     facts.prompt_tokens_received = count.total
     reason: str | None = None
     if fits_whole(count.total, budget, settings.max_history_turns, history_start):
-        forwarded, dropped, body = count.total, 0, raw  # the client's bytes, unchanged
+        forwarded, dropped, body = count.total, 0, untrimmed(raw, chat, upstream)
     else:
         # Positional: keywords cost ~2 k instructions more, on every trimmed request.
         policy = TrimPolicy(
@@ -241,11 +272,12 @@ async def prepare(
                 needed = trim(chat.messages, count, least, history_start=history_start).tokens
             raise await too_long(svc, chat, needed) from exc
         dropped = result.dropped(len(chat.messages))
-        body = raw
         if dropped:
             reason = result.reason or "budget"
-            body = with_messages(chat, [chat.messages[i] for i in result.kept])
+            body = with_messages(upstream, [chat.messages[i] for i in result.kept])
             metrics.trimmed(dropped, max(0, count.total - forwarded), reason)
+        else:
+            body = untrimmed(raw, chat, upstream)
     metrics.prompt_forwarded.observe(forwarded)
     facts.prompt_tokens_forwarded = forwarded
     facts.messages_dropped = dropped
@@ -260,6 +292,7 @@ async def prepare(
         budget=budget,
         headers=headers,
         session_id=facts.session_id,
-        reserve=completion_reserve(svc, chat),
+        reserve=allowance.tokens,
+        allowance=allowance,
         series=metrics,
     )
