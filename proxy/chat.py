@@ -25,6 +25,8 @@ class ChatRequest:
     stream: bool
     tools: list[JSONObject] | None
     user: str | None
+    n: int = 1
+    """Answers asked for; each holds its own completion in the engine's KV cache."""
 
 
 def _optional_int(body: JSONObject, name: str) -> int | None:
@@ -112,6 +114,7 @@ def parse_chat(raw: bytes) -> ChatRequest:
         stream=bool(stream),
         tools=tools or None,
         user=user if isinstance(user, str) and user else None,
+        n=_optional_int(body, "n") or 1,
     )
 
 

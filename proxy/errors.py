@@ -84,12 +84,17 @@ def context_length_exceeded(
             param="messages",
             needed=needed,
         )
-    reserved = (
-        f"{limit.reserve} tokens of max_tokens"
-        if limit.reserve_asked
-        else f"{limit.reserve} tokens for the answer (TRIMPROXY_DEFAULT_COMPLETION_RESERVE, "
-        "as the request names no max_tokens)"
-    )
+    if limit.reserve_asked:
+        reserved = f"{limit.reserve} tokens of max_tokens"
+    elif limit.reserve_setting == "TRIMPROXY_MAX_COMPLETION_TOKENS":
+        reserved = (
+            f"{limit.reserve} tokens for the answer (TRIMPROXY_MAX_COMPLETION_TOKENS, the cap)"
+        )
+    else:
+        reserved = (
+            f"{limit.reserve} tokens for the answer ({limit.reserve_setting}, as the request "
+            "names no max_tokens)"
+        )
     return ContextLengthExceeded(
         f"This model's maximum context length is {limit.window} tokens. However, your "
         f"messages resulted in {resulted}, {dropped}, and {reserved} leave "
@@ -100,14 +105,14 @@ def context_length_exceeded(
     )
 
 
-def no_room_for_prompt(window: int, reserve: int, reserve_asked: bool) -> ContextLengthExceeded:
-    """The 400 for a completion reserve that leaves the prompt no room at all."""
-    asked = "max_tokens" if reserve_asked else "TRIMPROXY_DEFAULT_COMPLETION_RESERVE"
+def no_room_for_prompt(window: int, reserve: int, setting: str | None) -> ContextLengthExceeded:
+    """The 400 for a completion reserve that leaves the prompt no room at all;
+    ``setting`` names where the reserve comes from (None: the request's max_tokens)."""
     return ContextLengthExceeded(
         f"This model's maximum context length is {window} tokens. However, you "
-        f"requested {reserve} completion tokens ({asked}), which leaves no room for "
-        "the prompt. Ask for fewer completion tokens.",
-        param="max_tokens" if reserve_asked else None,
+        f"requested {reserve} completion tokens ({setting or 'max_tokens'}), which leaves "
+        "no room for the prompt. Ask for fewer completion tokens.",
+        param="max_tokens" if setting is None else None,
     )
 
 

@@ -261,6 +261,18 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.admission_overrun = Counter(
+            "trimproxy_admission_overrun",
+            "Answers that ran past their KV reservation: their request named no max_tokens "
+            "and TRIMPROXY_MAX_COMPLETION_TOKENS is unset, so only the default reserve was "
+            "reserved.",
+            registry=r,
+        )
+        self.admission_overrun_tokens = Counter(
+            "trimproxy_admission_overrun_tokens",
+            "Completion tokens those answers generated beyond their reservations.",
+            registry=r,
+        )
 
         self.build_info = Gauge(
             "trimproxy_build_info",

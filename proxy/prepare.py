@@ -13,8 +13,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+import orjson
 from starlette.requests import Request
 
+from proxy.admission.allowance import Allowance, allowance_for, capped_headers, with_allowance
 from proxy.chat import ChatRequest, with_messages
 from proxy.dependencies import Services
 from proxy.errors import (
@@ -56,7 +58,9 @@ class Prepared:
     """Response headers for the client: token counts and the session's headers."""
     session_id: str | None
     reserve: int = 0
-    """Completion tokens the answer may take: ``max_tokens``, else the default reserve."""
+    """Completion tokens each answer may take (``allowance.tokens``)."""
+    allowance: Allowance | None = None
+    """The completion allowance: per answer, ``n``, and where it came from."""
     series: ModelSeries | None = None
     """The request's per-model metric series (the relay observes the estimate error)."""
 
@@ -72,9 +76,33 @@ async def model_series(svc: Services, model: str | None) -> ModelSeries:
     return svc.metrics.for_model(label)
 
 
+def completion_allowance(svc: Services, chat: ChatRequest) -> Allowance:
+    """Each answer's share of the window and of the KV reservation: the request's
+    ``max_tokens`` (lowered to TRIMPROXY_MAX_COMPLETION_TOKENS), else the cap, else
+    TRIMPROXY_DEFAULT_COMPLETION_RESERVE (``proxy.admission.allowance``)."""
+    settings = svc.settings
+    return allowance_for(chat, settings.max_completion_tokens, settings.default_completion_reserve)
+
+
 def completion_reserve(svc: Services, chat: ChatRequest) -> int:
-    """The answer's share of the window: its ``max_tokens``, else the default reserve."""
-    return chat.max_tokens or svc.settings.default_completion_reserve
+    """The answer's share of the window (``completion_allowance``)."""
+    return completion_allowance(svc, chat).tokens
+
+
+def untrimmed(raw: bytes, chat: ChatRequest, upstream: ChatRequest) -> bytes:
+    """The body of a request nothing was dropped from: the client's bytes, unless the
+    cap rewrote ``upstream``'s max_tokens."""
+    return raw if upstream is chat else orjson.dumps(upstream.body)
+
+
+def apply_allowance(
+    svc: Services, chat: ChatRequest, headers: dict[str, str]
+) -> tuple[ChatRequest, Allowance]:
+    """The request to forward under the cap (its body rewritten when the cap lowered or
+    filled in its max_tokens) and its allowance; the capped header goes in ``headers``."""
+    allowance = completion_allowance(svc, chat)
+    headers.update(capped_headers(allowance))
+    return with_allowance(chat, allowance), allowance
 
 
 async def context_window(svc: Services, chat: ChatRequest) -> int | None:
@@ -103,14 +131,16 @@ async def limit_for(svc: Services, chat: ChatRequest) -> PromptLimit | None:
     """The request's prompt budget and where it comes from; None when unbounded.
     Refuses a completion reserve that leaves the prompt no room."""
     window = await context_window(svc, chat)
-    reserve = completion_reserve(svc, chat)
+    allowance = completion_allowance(svc, chat)
+    reserve = allowance.tokens
     setting = svc.settings.max_prompt_tokens or None
     budget = budget_of(window, reserve, setting)
     if budget is None:
         return None
     if budget < 1 and window is not None:  # the setting is at least 1: the reserve's doing
-        raise no_room_for_prompt(window, reserve, bool(chat.max_tokens))
-    return PromptLimit(budget, window, reserve, bool(chat.max_tokens), setting)
+        raise no_room_for_prompt(window, reserve, allowance.setting)
+    asked = allowance.setting is None
+    return PromptLimit(budget, window, reserve, asked, setting, allowance.setting or "max_tokens")
 
 
 async def prove_fits(
@@ -201,6 +231,7 @@ async def prepare(
         history_start = admission.history_start
         headers.update(admission.headers)
         facts.session_id = admission.headers.get(SESSION_ID)
+    upstream, allowance = apply_allowance(svc, chat, headers)
 
     limit = await limit_for(svc, chat)
     budget = None if limit is None else limit.budget
@@ -214,7 +245,7 @@ async def prepare(
     facts.prompt_tokens_received = count.total
     reason: str | None = None
     if fits_whole(count.total, budget, settings.max_history_turns, history_start):
-        forwarded, dropped, body = count.total, 0, raw  # the client's bytes, unchanged
+        forwarded, dropped, body = count.total, 0, untrimmed(raw, chat, upstream)
     else:
         policy = TrimPolicy(
             budget=budget,
@@ -228,11 +259,12 @@ async def prepare(
         if not svc.counter.additive:
             result, forwarded = await prove_fits(svc, chat, count, policy, history_start, result)
         dropped = result.dropped(len(chat.messages))
-        body = raw
         if dropped:
             reason = result.reason or "budget"
-            body = with_messages(chat, [chat.messages[i] for i in result.kept])
+            body = with_messages(upstream, [chat.messages[i] for i in result.kept])
             metrics.trimmed(dropped, max(0, count.total - forwarded), reason)
+        else:
+            body = untrimmed(raw, chat, upstream)
     metrics.prompt_forwarded.observe(forwarded)
     facts.prompt_tokens_forwarded = forwarded
     facts.messages_dropped = dropped
@@ -247,6 +279,7 @@ async def prepare(
         budget=budget,
         headers=headers,
         session_id=facts.session_id,
-        reserve=completion_reserve(svc, chat),
+        reserve=allowance.tokens,
+        allowance=allowance,
         series=metrics,
     )

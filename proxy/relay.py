@@ -83,6 +83,9 @@ def sse_error_event(error: ProxyError) -> bytes:
 
 #: Called once the relay ends: whether the body went out whole, and the captured body.
 EndHook = Callable[[bool, bytes | None], None]
+#: Called with each chunk of a relayed stream before it is sent on (KV admission's
+#: ``AnswerWatch`` counts the tokens of an answer that may outgrow its reservation).
+ChunkHook = Callable[[bytes], None]
 
 
 def response_headers(
@@ -114,8 +117,10 @@ class Relay(Response):
         on_end: EndHook | None = None,
         on_first_byte: Callable[[], None] | None = None,
         capture_limit: int = 0,
+        on_chunk: ChunkHook | None = None,
     ) -> None:
         self._upstream = upstream
+        self._on_chunk = on_chunk
         self._client_gone = client_gone
         self._failure = failure
         self._on_end = on_end
@@ -156,6 +161,7 @@ class Relay(Response):
         )
         # Locals, not attributes, in the loop: it runs once per SSE event.
         on_first_byte = self._on_first_byte
+        on_chunk = self._on_chunk
         captured = self._captured
         limit = self._capture_limit
         kept = 0
@@ -167,6 +173,8 @@ class Relay(Response):
                 if on_first_byte is not None:
                     on_first_byte()
                     on_first_byte = None
+                if on_chunk is not None:
+                    on_chunk(chunk)
                 if captured is not None:
                     kept += len(chunk)
                     if kept <= limit:

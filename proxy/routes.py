@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from proxy.admission import Reservation, wait_header
+from proxy.admission import AnswerWatch, Need, Reservation, asks_usage, wait_header
 from proxy.chat import parse_chat
 from proxy.dependencies import Services, services
 from proxy.errors import (
@@ -121,15 +121,22 @@ async def chat_completions(request: Request) -> Response:
         request.receive, STREAM_WATCH_DELAY if chat.stream else WATCH_DELAY
     )
     reservation: Reservation | None = None
+    watch: AnswerWatch | None = None
     if svc.admission is not None:
-        # The most KV this request can hold: its prompt and its whole completion.
-        tokens = prepared.forwarded_tokens + prepared.reserve
+        # The most KV this request can hold: its prompt and n whole completions.
+        allowance = prepared.allowance
+        n = allowance.n if allowance is not None else 1
+        need = Need(prepared.forwarded_tokens, prepared.reserve, n)
         try:
-            reservation = await svc.admission.admit_while_connected(tokens, client_gone)
+            reservation = await svc.admission.admit_while_connected(need, client_gone)
         except BaseException:
             client_gone.cancel()
             raise
         extra = {**extra, **wait_header(reservation)}
+        if allowance is not None and not allowance.bounded and reservation.charge:
+            # Told no limit, the engine may let the answer outgrow its reservation.
+            usage = chat.stream and asks_usage(chat.body)
+            watch = AnswerWatch(svc.admission, reservation, need, chat.stream, usage)
     started = time.perf_counter()
     try:
         upstream, client_gone = await open_upstream(
@@ -143,6 +150,8 @@ async def chat_completions(request: Request) -> Response:
     forwarded_tokens = prepared.forwarded_tokens
 
     def on_end(complete: bool, captured: bytes | None) -> None:
+        if watch is not None:
+            watch.finish(captured)
         if reservation is not None:
             reservation.release()  # the answer is over, however it ended
         if captured is not None and upstream.status == 200:
@@ -163,6 +172,7 @@ async def chat_completions(request: Request) -> Response:
         on_end=on_end,
         on_first_byte=on_first_byte,
         capture_limit=0 if chat.stream else _USAGE_CAPTURE_BYTES,
+        on_chunk=watch.on_chunk if watch is not None and chat.stream else None,
     )
 
 

@@ -56,6 +56,9 @@ class PromptLimit:
     reserve: int = 0
     reserve_asked: bool = False
     max_prompt_tokens: int | None = None
+    reserve_setting: str = "TRIMPROXY_DEFAULT_COMPLETION_RESERVE"
+    """Where a reserve the request did not ask for comes from (the default reserve, or
+    the cap TRIMPROXY_MAX_COMPLETION_TOKENS)."""
 
     @property
     def setting_binds(self) -> bool:
