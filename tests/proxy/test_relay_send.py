@@ -51,7 +51,7 @@ class ByteCounter:
         await self.app(scope, receive, counting)
 
 
-STREAMS = {
+STREAMS: dict[str, dict[str, Any]] = {
     "/v1/chat/completions": {"messages": [{"role": "user", "content": "hello there"}]},
     "/v1/completions": {"prompt": "hello there"},
 }
@@ -68,12 +68,15 @@ async def test_a_middleware_sees_every_byte_of_a_streamed_answer(
     app.add_middleware(ByteCounter, counted=counted)
     body: dict[str, Any] = {"model": "sim-model", "stream": True, "max_tokens": 24, **STREAMS[path]}
     received = bytearray()
-    async with served(app) as url, httpx.AsyncClient() as client:
-        async with client.stream("POST", url + path, json=body) as response:
-            assert response.status_code == 200
-            assert response.headers["content-type"].startswith("text/event-stream")
-            async for piece in response.aiter_raw():
-                received += piece
+    async with (
+        served(app) as url,
+        httpx.AsyncClient() as client,
+        client.stream("POST", url + path, json=body) as response,
+    ):
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        async for piece in response.aiter_raw():
+            received += piece
     assert received.rstrip().endswith(b"data: [DONE]")
     assert received.count(b"data: ") >= 24  # one event per token at least
     assert counted.paths == [path]
