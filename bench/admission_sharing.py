@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import random
 import sys
 import threading
@@ -37,9 +36,11 @@ if str(ROOT) not in sys.path:
 
 import httpx  # noqa: E402
 
+from proxy.admission.need import Need  # noqa: E402
+
 BLOCKS = 192
 BLOCK = 32
-_WORDS = "river mill road morning light train coffee bread apples city plan answer".split()
+_WORDS = ["river", "mill", "road", "light", "train", "coffee", "bread", "apples", "city", "plan"]
 
 
 def prompt_text(seed: int, words: int) -> str:
@@ -47,7 +48,9 @@ def prompt_text(seed: int, words: int) -> str:
     return f"{seed}: " + " ".join(rng.choice(_WORDS) for _ in range(words))
 
 
-async def peak_blocks(base: str, model: str, n: int, words: int, max_tokens: int, seed: int) -> dict[str, Any]:  # fmt: skip
+async def peak_blocks(
+    base: str, model: str, n: int, words: int, max_tokens: int, seed: int
+) -> dict[str, Any]:
     """One streamed request; the peak of KV blocks in use while it runs, sampled by a
     thread of its own (the event loop is busy reading the stream)."""
     body = {
@@ -75,18 +78,21 @@ async def peak_blocks(base: str, model: str, n: int, words: int, max_tokens: int
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    async with httpx.AsyncClient(base_url=base, timeout=600) as client:
-        async with client.stream("POST", "/v1/chat/completions", json=body) as response:
-            async for line in response.aiter_lines():
-                if line.startswith("data: {") and '"usage":{' in line.replace(" ", ""):
-                    usage = json.loads(line[6:]).get("usage") or usage
+    async with (
+        httpx.AsyncClient(base_url=base, timeout=600) as client,
+        client.stream("POST", "/v1/chat/completions", json=body) as response,
+    ):
+        async for line in response.aiter_lines():
+            if line.startswith("data: {") and '"usage":{' in line.replace(" ", ""):
+                usage = json.loads(line[6:]).get("usage") or usage
     done.set()
     sampler.join()
     prompt = int(usage["prompt_tokens"])
     completion = int(usage["completion_tokens"])
     per_answer = completion // n
-    shared = prompt // BLOCK + n * math.ceil((prompt % BLOCK + per_answer) / BLOCK)
-    unshared = n * math.ceil((prompt + per_answer) / BLOCK)
+    need = Need(prompt, per_answer, n)  # the proxy's own arithmetic
+    shared = need.tokens(BLOCK, shares_prompt=True) // BLOCK
+    unshared = need.tokens(BLOCK, shares_prompt=False) // BLOCK
     return {
         "n": n,
         "prompt_tokens": prompt,
@@ -124,11 +130,13 @@ def main(argv: list[str] | None = None) -> int:
                 row["prefix_caching"] = caching
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    print(f"\n{'caching':<8} {'n':>2} {'prompt':>6} {'answer':>6} {'peak':>5} {'shared':>6} {'unshared':>8} {'preempted':>9}")  # fmt: skip
+    print(f"\n{'caching':<8} {'n':>2} {'prompt':>6} {'answer':>6} {'peak':>5} "
+          f"{'shared':>6} {'unshared':>8} {'preempted':>9}")  # fmt: skip
     for r in rows:
         print(f"{r['prefix_caching']:<8} {r['n']:>2} {r['prompt_tokens']:>6} "
               f"{r['completion_tokens'] // r['n']:>6} {r['peak_blocks']:>5} "
-              f"{r['model_shared']:>6} {r['model_unshared']:>8} {r['preemptions']:>9.0f}")  # fmt: skip
+              f"{r['model_shared']:>6} {r['model_unshared']:>8} "
+              f"{r['preemptions']:>9.0f}")  # fmt: skip
     return 0
 
 

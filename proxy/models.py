@@ -46,6 +46,7 @@ MODEL_KEYS = frozenset(
         "context_window",
         "max_prompt_tokens",
         "default_completion_reserve",
+        "max_completion_tokens",
         "trim_target",
         "max_history_turns",
         "pin_first_user",
