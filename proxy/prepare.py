@@ -101,8 +101,10 @@ def apply_allowance(
     """The request to forward under the cap (its body rewritten when the cap lowered or
     filled in its max_tokens) and its allowance; the capped header goes in ``headers``."""
     allowance = completion_allowance(svc, chat)
-    headers.update(capped_headers(allowance))
-    return with_allowance(chat, allowance), allowance
+    if allowance.source == "cap":
+        headers.update(capped_headers(allowance))
+        return with_allowance(chat, allowance), allowance
+    return chat, allowance
 
 
 async def context_window(svc: Services, chat: ChatRequest) -> int | None:
@@ -113,7 +115,9 @@ async def context_window(svc: Services, chat: ChatRequest) -> int | None:
     return window
 
 
-async def budget_for(svc: Services, chat: ChatRequest) -> int | None:
+async def budget_for(
+    svc: Services, chat: ChatRequest, allowance: Allowance | None = None
+) -> int | None:
     """``min(max_prompt_tokens, context_window - reserve - 1)``; None when unbounded.
 
     The one token of slack is FastChat's: its worker keeps only
@@ -124,7 +128,8 @@ async def budget_for(svc: Services, chat: ChatRequest) -> int | None:
     window = await context_window(svc, chat)
     if window is None:
         return limit
-    allowance = completion_allowance(svc, chat)
+    if allowance is None:
+        allowance = completion_allowance(svc, chat)
     reserve = allowance.tokens
     room = window - reserve - 1
     if room < 1:
@@ -241,7 +246,7 @@ async def prepare(
         facts.session_id = admission.headers.get(SESSION_ID)
     upstream, allowance = apply_allowance(svc, chat, headers)
 
-    budget = await budget_for(svc, chat)
+    budget = await budget_for(svc, chat, allowance)
     if budget is not None:
         floor = floor_if_surely_too_long(svc, chat, budget, len(raw))
         if floor is not None:
