@@ -41,7 +41,8 @@ TRIMMED_MESSAGES = "x-trimproxy-trimmed-messages"
 _RECOUNTS = 4
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: read-only by convention (why: proxy.types, above PromptCount).
+@dataclass(slots=True)
 class Prepared:
     """What to send upstream, and what the answer and the log say about it."""
 
