@@ -1,4 +1,4 @@
-"""Every metric the proxy exports, declared in one place (DESIGN section 6).
+"""Every metric the proxy exports, declared in one place (docs/architecture.md §15).
 
 Metrics live on a ``Metrics`` object built by the app factory, each on the
 registry it is given, so several apps (tests, workers) never collide. With more
@@ -259,6 +259,18 @@ class Metrics:
             "Chat requests KV admission turned away, by reason (timeout, "
             "store_unavailable, client_closed).",
             ["reason"],
+            registry=r,
+        )
+        self.admission_overrun = Counter(
+            "trimproxy_admission_overrun",
+            "Answers that ran past their KV reservation: their request named no max_tokens "
+            "and TRIMPROXY_MAX_COMPLETION_TOKENS is unset, so only the default reserve was "
+            "reserved.",
+            registry=r,
+        )
+        self.admission_overrun_tokens = Counter(
+            "trimproxy_admission_overrun_tokens",
+            "Completion tokens those answers generated beyond their reservations.",
             registry=r,
         )
 
