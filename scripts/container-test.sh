@@ -62,13 +62,15 @@ configure_podman() {
   nofile=$(ulimit -Hn) nproc=$(ulimit -Hu)
   if [ "$nofile" != unlimited ] && [ "$nofile" -lt 1048576 ] \
     && ! grep -rqs '^ *default_ulimits' /etc/containers/containers.conf /etc/containers/containers.conf.d; then
-    [ "$nproc" = unlimited ] && nproc=1048576
+    # nproc at the host's hard limit was still refused here; 32768 is plenty.
+    if [ "$nproc" = unlimited ] || [ "$nproc" -gt 32768 ]; then nproc=32768; fi
     settings+=$'[containers]\n'"default_ulimits = [\"nofile=$nofile:$nofile\", \"nproc=$nproc:$nproc\"]"$'\n'
   fi
   if [ -n "$settings" ] && [ "$(cat "$conf" 2>/dev/null)" != "${settings%$'\n'}" ]; then
     step "writing $conf"
     mkdir -p "$(dirname "$conf")" && printf '%s' "$settings" >"$conf"
   fi
+  return 0
 }
 
 setup_engine() {
@@ -103,9 +105,10 @@ setup_engine() {
 # customize hook. The tag is the hash of the three files, so a change rebuilds; the root
 # file system is kept as a tar under .cache/containers to re-import on a fresh engine.
 base_image() {
-  local name=$1 dir=$ROOT/docker/ci hash tag tar
-  hash=$(cat "$dir/$name.packages" "$dir/$name.changes" "$dir/$name.hook" 2>/dev/null \
-    | sha256sum | cut -c1-16)
+  local name=$1 dir=$ROOT/docker/ci hash tag tar recipe=()
+  # The hook is optional (a missing file must not fail the pipe under pipefail).
+  for f in "$dir/$name".{packages,changes,hook}; do if [ -f "$f" ]; then recipe+=("$f"); fi; done
+  hash=$(cat "${recipe[@]}" | sha256sum | cut -c1-16)
   tag=localhost/trimproxy-ci/$name:$hash
   tar=$CACHE/$name-$hash.tar
   if $ENGINE image inspect "$tag" >/dev/null 2>&1; then echo "$tag"; return; fi
@@ -113,10 +116,10 @@ base_image() {
     step "mmdebstrap: bookworm with $(grep -v '^#' "$dir/$name.packages" | xargs)" >&2
     rm -f "$CACHE/$name"-*.tar
     local hook=() sources=()
-    [ -f "$dir/$name.hook" ] && hook=(--customize-hook="sh $dir/$name.hook \"\$1\"")
+    if [ -f "$dir/$name.hook" ]; then hook=(--customize-hook="sh $dir/$name.hook \"\$1\""); fi
     # The machine's own apt sources, as they are configured.
     for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources; do
-      [ -s "$f" ] && sources+=("$f")
+      if [ -s "$f" ]; then sources+=("$f"); fi
     done
     mmdebstrap --quiet --variant=essential \
       --include="$(grep -v '^#' "$dir/$name.packages" | paste -sd, -)" \
@@ -136,7 +139,7 @@ build_image() {
   if [ "$ENGINE" = podman ]; then
     # Without it podman writes OCI images, which have no HEALTHCHECK.
     flags+=(--format docker)
-    [ -n "$HOST_CA" ] && flags+=(-v "$HOST_CA:/etc/ssl/certs/ca-certificates.crt:ro")
+    if [ -n "$HOST_CA" ]; then flags+=(-v "$HOST_CA:/etc/ssl/certs/ca-certificates.crt:ro"); fi
   elif [ -n "$HOST_CA" ]; then
     fail "--host-ca: docker build cannot mount a file into the build; add the CA to the daemon's machine's trust or use CONTAINER_ENGINE=podman"
   fi
