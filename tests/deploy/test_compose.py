@@ -99,9 +99,12 @@ def test_the_proxy_environment_validates_with_the_example_values() -> None:
     for name in TRIMPROXY_NAME.findall(COMPOSE.read_text()):
         assert name[len("TRIMPROXY_") :].lower() in Settings.model_fields, name
     assert proxy["env_file"] == [{"path": ".env", "required": False}]
-    # The port Prometheus scrapes is the one the proxy listens on.
-    scrape = (ROOT / "deploy/prometheus/prometheus.yml").read_text()
-    assert f"trimproxy:{settings.port}" in scrape
+    # Prometheus scrapes every replica of the service, on the port the proxy listens on.
+    scrape = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
+    (job,) = [j for j in scrape["scrape_configs"] if j["job_name"] == "trimproxy"]
+    (sd,) = job["dns_sd_configs"]
+    assert sd["names"] == ["trimproxy"] and "trimproxy" in services()
+    assert (sd["type"], sd["port"]) == ("A", settings.port)
     assert proxy["ports"][0].endswith(f":{settings.port}")
 
 

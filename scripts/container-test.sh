@@ -1,0 +1,164 @@
+#!/usr/bin/env bash
+# The image built and the compose stack started for real (docs/deploy.md, "CI"):
+#   scripts/container-test.sh [--host-ca]
+# 1. a container engine: docker when its daemon answers, else podman (installed with
+#    runc and mmdebstrap when missing, and configured where this machine needs it);
+# 2. the base images, made locally from Debian packages by mmdebstrap (no container
+#    registry is needed), cached under .cache/containers by the hash of their recipe;
+# 3. docker/Dockerfile built on that base (--host-ca: the host's CA bundle mounted
+#    read-only over the image's during the build, for networks that inspect TLS);
+# 4. the checks: tests/deploy/containers (pytest -m container): the image run locked
+#    down, then deploy/compose up with deploy/compose/compose.ci.yaml's stand-ins.
+# CONTAINER_ENGINE=docker|podman picks the engine; the unit tests' .venv runs pytest.
+set -euo pipefail
+# A failure inside $(...) (base_image) stops the script too.
+shopt -s inherit_errexit
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+CACHE=$ROOT/.cache/containers
+IMAGE=trimproxy:$(sed -n 's/^version = "\(.*\)"$/\1/p' pyproject.toml)
+HOST_CA=
+for arg in "$@"; do
+  case $arg in
+    --host-ca) HOST_CA=${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt} ;;
+    *) echo "usage: $0 [--host-ca]" >&2; exit 2 ;;
+  esac
+done
+mkdir -p "$CACHE"
+
+step() { printf '== [%3ds] %s\n' "$SECONDS" "$*"; }
+fail() { echo "container-test: $*" >&2; exit 1; }
+
+apt_install() {
+  step "installing $*"
+  export DEBIAN_FRONTEND=noninteractive
+  # Other jobs on the machine may hold apt's lock for a while.
+  apt-get -o DPkg::Lock::Timeout=600 update -qq
+  apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+pick_engine() {
+  if [ -n "${CONTAINER_ENGINE:-}" ]; then
+    ENGINE=$CONTAINER_ENGINE
+  elif command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then
+    ENGINE=docker
+  else
+    ENGINE=podman
+  fi
+  case $ENGINE in docker | podman) ;; *) fail "CONTAINER_ENGINE=$ENGINE: docker or podman" ;; esac
+}
+
+# podman's settings that a sandboxed machine needs, in a drop-in file of their own, and
+# only those the machine needs: runc where the cgroup hierarchy is not unified (crun
+# refuses a hybrid one), and ulimits no higher than the host's hard limits (the sandbox
+# cannot raise them; podman's defaults are higher).
+configure_podman() {
+  local conf=/etc/containers/containers.conf.d/60-trimproxy-ci.conf settings=
+  if [ "$(stat -fc %T /sys/fs/cgroup)" != cgroup2fs ] \
+    && ! grep -rqs '^ *runtime *=' /etc/containers/containers.conf /etc/containers/containers.conf.d; then
+    settings+=$'[engine]\nruntime = "runc"\n'
+  fi
+  local nofile nproc
+  nofile=$(ulimit -Hn) nproc=$(ulimit -Hu)
+  if [ "$nofile" != unlimited ] && [ "$nofile" -lt 1048576 ] \
+    && ! grep -rqs '^ *default_ulimits' /etc/containers/containers.conf /etc/containers/containers.conf.d; then
+    # nproc at the host's hard limit was still refused here; 32768 is plenty.
+    if [ "$nproc" = unlimited ] || [ "$nproc" -gt 32768 ]; then nproc=32768; fi
+    settings+=$'[containers]\n'"default_ulimits = [\"nofile=$nofile:$nofile\", \"nproc=$nproc:$nproc\"]"$'\n'
+  fi
+  if [ -n "$settings" ] && [ "$(cat "$conf" 2>/dev/null)" != "${settings%$'\n'}" ]; then
+    step "writing $conf"
+    mkdir -p "$(dirname "$conf")" && printf '%s' "$settings" >"$conf"
+  fi
+  return 0
+}
+
+setup_engine() {
+  local missing=()
+  command -v mmdebstrap >/dev/null 2>&1 || missing+=(mmdebstrap)
+  if [ "$ENGINE" = podman ]; then
+    command -v podman >/dev/null 2>&1 || missing+=(podman)
+    command -v runc >/dev/null 2>&1 || missing+=(runc)
+    # netavark, podman's network backend, sets up NAT with iptables.
+    command -v iptables >/dev/null 2>&1 || missing+=(iptables)
+  fi
+  if [ ${#missing[@]} -gt 0 ]; then apt_install "${missing[@]}"; fi
+  if [ "$ENGINE" = podman ]; then
+    configure_podman
+    # PyPI's podman-compose 1.x (Debian's 1.0.3 lacks `config`, stop_grace_period),
+    # in a venv of its own: it is CI's tool, not a dependency of trimproxy.
+    local venv=$CACHE/podman-compose
+    if ! "$venv/bin/podman-compose" --version >/dev/null 2>&1; then
+      step "installing podman-compose into $venv"
+      python3 -m venv "$venv"
+      "$venv/bin/pip" install -q 'podman-compose>=1.6,<2'
+    fi
+    COMPOSE="$venv/bin/podman-compose"
+  else
+    docker compose version >/dev/null 2>&1 || fail "docker has no compose plugin: install docker-compose-plugin"
+    COMPOSE="docker compose"
+  fi
+}
+
+# One base image from docker/ci/NAME.{packages,changes,hook}: the Debian packages, the
+# image config (Dockerfile instructions that `import --change` takes), an optional
+# customize hook. The tag is the hash of the three files, so a change rebuilds; the root
+# file system is kept as a tar under .cache/containers to re-import on a fresh engine.
+base_image() {
+  local name=$1 dir=$ROOT/docker/ci hash tag tar recipe=()
+  # The hook is optional (a missing file must not fail the pipe under pipefail).
+  for f in "$dir/$name".{packages,changes,hook}; do if [ -f "$f" ]; then recipe+=("$f"); fi; done
+  hash=$(cat "${recipe[@]}" | sha256sum | cut -c1-16)
+  tag=localhost/trimproxy-ci/$name:$hash
+  tar=$CACHE/$name-$hash.tar
+  if $ENGINE image inspect "$tag" >/dev/null 2>&1; then echo "$tag"; return; fi
+  if [ ! -s "$tar" ]; then
+    step "mmdebstrap: bookworm with $(grep -v '^#' "$dir/$name.packages" | xargs)" >&2
+    rm -f "$CACHE/$name"-*.tar
+    local hook=() sources=()
+    if [ -f "$dir/$name.hook" ]; then hook=(--customize-hook="sh $dir/$name.hook \"\$1\""); fi
+    # The machine's own apt sources, as they are configured.
+    for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources; do
+      if [ -s "$f" ]; then sources+=("$f"); fi
+    done
+    mmdebstrap --quiet --variant=essential \
+      --include="$(grep -v '^#' "$dir/$name.packages" | paste -sd, -)" \
+      --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
+      --dpkgopt='path-exclude=/usr/share/locale/*' "${hook[@]}" \
+      bookworm "$CACHE/$name-$hash.part.tar" "${sources[@]}" >&2
+    mv "$CACHE/$name-$hash.part.tar" "$tar"
+  fi
+  local changes=()
+  while IFS= read -r line; do changes+=(--change "$line"); done <"$dir/$name.changes"
+  $ENGINE import "${changes[@]}" "$tar" "$tag" >/dev/null
+  echo "$tag"
+}
+
+build_image() {
+  local base=$1 flags=()
+  if [ "$ENGINE" = podman ]; then
+    # Without it podman writes OCI images, which have no HEALTHCHECK.
+    flags+=(--format docker)
+    if [ -n "$HOST_CA" ]; then flags+=(-v "$HOST_CA:/etc/ssl/certs/ca-certificates.crt:ro"); fi
+  elif [ -n "$HOST_CA" ]; then
+    fail "--host-ca: docker build cannot mount a file into the build; add the CA to the daemon's machine's trust or use CONTAINER_ENGINE=podman"
+  fi
+  step "building $IMAGE on $base"
+  $ENGINE build "${flags[@]}" -f docker/Dockerfile -t "$IMAGE" \
+    --build-arg PYTHON_IMAGE="$base" \
+    --build-arg REVISION="$(git rev-parse HEAD 2>/dev/null || echo unknown)" .
+}
+
+pick_engine
+step "engine: $ENGINE"
+setup_engine
+PYTHON_BASE=$(base_image python)
+REDIS_IMAGE=$(base_image redis)
+PROMETHEUS_IMAGE=$(base_image prometheus)
+build_image "$PYTHON_BASE"
+[ -x .venv/bin/pytest ] || fail "no .venv: run scripts/test.sh first (it makes the project's venv)"
+step "checks (pytest -m container tests/deploy/containers)"
+export TRIMPROXY_CT_ENGINE=$ENGINE TRIMPROXY_CT_COMPOSE=$COMPOSE TRIMPROXY_CT_IMAGE=$IMAGE \
+  TRIMPROXY_CT_REDIS_IMAGE=$REDIS_IMAGE TRIMPROXY_CT_PROMETHEUS_IMAGE=$PROMETHEUS_IMAGE
+PYTHONPATH=$ROOT .venv/bin/pytest -q -p no:cacheprovider -m container tests/deploy/containers
+step "done"
