@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from proxy.engines.urls import joined, parse_upstream
 from proxy.sessions.types import DEFAULT_SESSION_HEADER, LimitAction, StoreFailure
 
 ENV_PREFIX = "TRIMPROXY_"
@@ -29,7 +30,9 @@ class Settings(BaseSettings):
 
     upstream_url: str = Field(
         "http://127.0.0.1:8000",
-        description="Root URL of the FastChat or vLLM OpenAI server; a trailing /v1 is dropped.",
+        description="Root URL of the FastChat or vLLM OpenAI server (a trailing /v1 is "
+        "dropped), or several engines serving the same models, comma-separated "
+        "(docs/engines.md).",
     )
     host: str = Field("127.0.0.1", description="Address the proxy listens on.")
     port: int = Field(8080, ge=1, le=65535, description="Port the proxy listens on.")
@@ -183,6 +186,23 @@ class Settings(BaseSettings):
         description="Seconds to let open requests (long streams) finish after SIGTERM before "
         "they are cancelled; none waits for all. Keep it below the pod's grace period.",
     )
+    routing: Literal["session", "least_loaded", "round_robin"] = Field(
+        "session",
+        description="How a chat request picks one of several engines: session (each session "
+        "keeps its engine, for the prefix cache), least_loaded, or round_robin.",
+    )
+    routing_load_factor: float = Field(
+        0.25,
+        ge=0,
+        description="session routing: an engine holding more than (1 + this) x the mean load "
+        "is passed over for the session's next engine (bounded load).",
+    )
+    health_interval: float = Field(
+        5.0,
+        gt=0,
+        description="Seconds between health probes (GET /v1/models) of each engine; an engine "
+        "out of the rotation is probed with backoff up to this interval.",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         "info", description="Log level of the proxy's own logs."
     )
@@ -193,15 +213,18 @@ class Settings(BaseSettings):
         "models it does not name use the top-level settings.",
     )
 
-    @field_validator("upstream_url")
+    @field_validator("upstream_url", mode="before")
     @classmethod
-    def _normalise_upstream(cls, value: str) -> str:
-        url = value.strip().rstrip("/")
-        if not url.startswith(("http://", "https://")):
-            raise ValueError("must start with http:// or https://")
-        if url.endswith("/v1"):
-            url = url[: -len("/v1")]
-        return url
+    def _normalise_upstream(cls, value: object) -> str:
+        if not isinstance(value, (str, list, tuple)):
+            raise ValueError("expected a URL, a comma-separated list of URLs, or a list of them")
+        entries = parse_upstream(value)
+        if any(e.dns for e in entries):
+            raise ValueError(
+                "dns+ (DNS discovery of engines) is not available in this build; "
+                "list the engines' URLs, comma-separated"
+            )
+        return joined(entries)
 
     @field_validator("kv_admission")
     @classmethod

@@ -35,8 +35,18 @@ class KvAdmission:
         fraction: float,
         timeout: float,
         fixed_tokens: int | None = None,
+        engine: str | None = None,
     ) -> None:
         self.ledger = ledger
+        # Several engines: each gate adds its share to the unlabelled totals and sets
+        # its own ``engine`` series (docs/engines.md).
+        self._capacity_shown = 0
+        self._engine_capacity = (
+            None if engine is None else metrics.engine_kv_capacity.labels(engine)
+        )
+        self._engine_reserved = (
+            None if engine is None else metrics.engine_kv_reserved.labels(engine)
+        )
         self.metrics = metrics
         self.mode = mode
         self.fraction = fraction
@@ -79,7 +89,10 @@ class KvAdmission:
 
     def _set(self, capacity: Capacity) -> None:
         self.ledger.set_capacity(capacity)
-        self.metrics.kv_capacity.set(capacity.tokens)
+        self.metrics.kv_capacity.inc(capacity.tokens - self._capacity_shown)
+        self._capacity_shown = capacity.tokens
+        if self._engine_capacity is not None:
+            self._engine_capacity.set(capacity.tokens)
 
     async def admit(self, tokens: int) -> Reservation:
         """Reserve ``tokens`` (prompt + completion reserve); 429 after the timeout.
@@ -109,7 +122,16 @@ class KvAdmission:
             gauge = self.metrics.kv_reserved
             gauge.inc(reservation.charge)
             charge = reservation.charge
-            reservation.then(lambda: gauge.dec(charge))
+            own = self._engine_reserved
+            if own is not None:
+                own.inc(charge)
+
+            def give_back() -> None:
+                gauge.dec(charge)
+                if own is not None:
+                    own.dec(charge)
+
+            reservation.then(give_back)
         return reservation
 
     async def admit_while_connected(
