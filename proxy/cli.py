@@ -72,6 +72,12 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="start an embedded simulated vLLM server and proxy to it (try it without a GPU)",
     )
+    serve.add_argument(
+        "--engines",
+        type=int,
+        default=1,
+        help="with --demo: how many simulated engines to start (the proxy uses the first) [1]",
+    )
     # Listed here for --help only: ``main`` hands ``trimproxy sim ...`` to the sim's own
     # parser before this one runs, so building this parser never imports the sim.
     commands.add_parser(
@@ -84,8 +90,9 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _start_demo_upstream() -> tuple[subprocess.Popen[str], str]:
-    """The sim in a child process on a free port; returns it and its URL."""
+def start_demo_engines(engines: int = 1) -> tuple[subprocess.Popen[str], list[str]]:
+    """The demo's sim engines in one child process on free ports; returns it and
+    their URLs, in order (``demo_engine_urls``)."""
     from proxy.sim.cli import READY_PREFIX
 
     child = subprocess.Popen(
@@ -97,8 +104,10 @@ def _start_demo_upstream() -> tuple[subprocess.Popen[str], str]:
             "127.0.0.1",
             "--port",
             "0",
-            "--tokens-per-second",
-            "50",
+            "--engines",
+            str(engines),
+            "--timing",
+            "gpu-7b",
             "--completion-tokens",
             "48",
         ],
@@ -106,11 +115,15 @@ def _start_demo_upstream() -> tuple[subprocess.Popen[str], str]:
         text=True,
     )
     assert child.stdout is not None
+    urls: list[str] = []
     for line in child.stdout:
         if line.startswith(READY_PREFIX):
             url = line[len(READY_PREFIX) :].strip()
-            print(f"trimproxy: demo upstream (simulated vLLM) at {url}", file=sys.stderr)
-            return child, url
+            urls.append(url)
+            which = f" engine {len(urls)} of {engines}" if engines > 1 else ""
+            print(f"trimproxy: demo upstream (simulated vLLM{which}) at {url}", file=sys.stderr)
+            if len(urls) == engines:
+                return child, urls
     child.wait()
     print("trimproxy: the demo upstream did not start", file=sys.stderr)
     raise SystemExit(1)
@@ -293,8 +306,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return sim_main(argv[1:])
     args = _parser().parse_args(argv)
+    if args.command == "serve" and (args.engines < 1 or (args.engines > 1 and not args.demo)):
+        print("trimproxy: --engines N (N >= 1) goes with --demo", file=sys.stderr)
+        return 2
     if args.command == "serve" and args.demo:
-        child, args.upstream_url = _start_demo_upstream()
+        child, args.demo_engine_urls = start_demo_engines(args.engines)
+        # TRIMPROXY_UPSTREAM_URL names one engine until routing lands: the proxy
+        # talks to the first; the others take requests sent to them directly.
+        args.upstream_url = args.demo_engine_urls[0]
         # uvicorn re-raises the SIGTERM it handled once it has shut down; with the
         # default disposition that would kill this process before the finally below
         # stops the sim, leaving it running with no parent.

@@ -3,7 +3,9 @@
 Every error the proxy itself raises is a ``ProxyError`` and renders as
 ``{"error": {"message", "type", "param", "code"}}``. Messages are built from facts
 (sizes, limits, field names), never from ``str(exc)``, so no path or trace leaks.
-The HTTP client's failures are translated to these in one place: ``upstream_failure``.
+The HTTP client's failures are translated to these here (``upstream_failure`` on the
+way to an answer's head, ``broken_off`` in its body), and counted in one place, the
+``Upstream.failure`` that calls them.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from typing import Any
 
 import aiohttp
 import orjson
+
+from proxy.types import PromptLimit
 
 
 class ProxyError(Exception):
@@ -56,47 +60,59 @@ class ContextLengthExceeded(ProxyError):
 
 
 def context_length_exceeded(
-    *,
-    needed: int,
-    window: int | None,
-    reserve: int,
-    reserve_asked: bool,
-    max_prompt_tokens: int | None,
-    at_least: bool = False,
+    needed: int, limit: PromptLimit, *, at_least: bool = False
 ) -> ContextLengthExceeded:
-    """The 400 for a prompt that cannot fit even after trimming, worded the way OpenAI
-    and vLLM word theirs ("This model's maximum context length is N tokens. However,
-    your messages resulted in M tokens."), which clients match to recognise a
-    context-window error (the LiteLLM SDK's ``context_window_fallbacks``), then the
-    proxy's advice for the limit that really binds: the window less the completion
-    reserve, or ``TRIMPROXY_MAX_PROMPT_TOKENS``.
+    """The one 400 for a prompt that cannot fit even after trimming: ``needed`` is
+    the least the request needs (its system block and last turn; a lower bound when
+    ``at_least``), ``limit`` the budget it is over and where that comes from.
+
+    Worded the way OpenAI and vLLM word theirs ("This model's maximum context length
+    is N tokens. However, your messages resulted in M tokens."), which clients match
+    to recognise a context-window error (the LiteLLM SDK's
+    ``context_window_fallbacks``), then the advice for the limit that really binds:
+    the window less the completion reserve, or ``TRIMPROXY_MAX_PROMPT_TOKENS``.
     """
-    room = window - reserve - 1 if window is not None else None
     resulted = f"{'at least ' if at_least else ''}{needed} tokens"
     dropped = "even with every earlier turn dropped (the system messages and the last turn)"
-    if max_prompt_tokens is not None and (room is None or max_prompt_tokens <= room):
+    if limit.window is None or limit.setting_binds:
+        named = " (TRIMPROXY_MAX_PROMPT_TOKENS)" if limit.setting_binds else ""
         return ContextLengthExceeded(
-            f"This model's maximum context length is {max_prompt_tokens} tokens for prompts "
-            f"through this proxy (TRIMPROXY_MAX_PROMPT_TOKENS). However, your messages "
-            f"resulted in {resulted}, {dropped}. Shorten the last message or the system "
-            "prompt; asking for fewer completion tokens would not help.",
+            f"This model's maximum context length is {limit.budget} tokens for prompts "
+            f"through this proxy{named}. However, your messages resulted in {resulted}, "
+            f"{dropped}. Shorten the last message or the system prompt; asking for fewer "
+            "completion tokens would not help.",
             param="messages",
             needed=needed,
         )
-    assert window is not None and room is not None
-    reserved = (
-        f"{reserve} tokens of max_tokens"
-        if reserve_asked
-        else f"{reserve} tokens for the answer (TRIMPROXY_DEFAULT_COMPLETION_RESERVE, as the "
-        "request names no max_tokens)"
-    )
+    if limit.reserve_asked:
+        reserved = f"{limit.reserve} tokens of max_tokens"
+    elif limit.reserve_setting == "TRIMPROXY_MAX_COMPLETION_TOKENS":
+        reserved = (
+            f"{limit.reserve} tokens for the answer (TRIMPROXY_MAX_COMPLETION_TOKENS, the cap)"
+        )
+    else:
+        reserved = (
+            f"{limit.reserve} tokens for the answer ({limit.reserve_setting}, as the request "
+            "names no max_tokens)"
+        )
     return ContextLengthExceeded(
-        f"This model's maximum context length is {window} tokens. However, your messages "
-        f"resulted in {resulted}, {dropped}, and {reserved} leave {max(room, 0)} for the "
-        "prompt. Shorten the last message or the system prompt, or ask for fewer "
-        "completion tokens (max_tokens).",
+        f"This model's maximum context length is {limit.window} tokens. However, your "
+        f"messages resulted in {resulted}, {dropped}, and {reserved} leave "
+        f"{max(limit.budget, 0)} for the prompt. Shorten the last message or the system "
+        "prompt, or ask for fewer completion tokens (max_tokens).",
         param="messages",
         needed=needed,
+    )
+
+
+def no_room_for_prompt(window: int, reserve: int, setting: str | None) -> ContextLengthExceeded:
+    """The 400 for a completion reserve that leaves the prompt no room at all;
+    ``setting`` names where the reserve comes from (None: the request's max_tokens)."""
+    return ContextLengthExceeded(
+        f"This model's maximum context length is {window} tokens. However, you "
+        f"requested {reserve} completion tokens ({setting or 'max_tokens'}), which leaves "
+        "no room for the prompt. Ask for fewer completion tokens.",
+        param="max_tokens" if setting is None else None,
     )
 
 
@@ -222,6 +238,25 @@ def upstream_failure(
     return UpstreamUnavailable(
         f"The upstream at {upstream_url} could not be reached. Check that the model "
         "server is running and that TRIMPROXY_UPSTREAM_URL points at it.",
+        kind=kind,
+    )
+
+
+def broken_off(exc: BaseException, where: str) -> ProxyError:
+    """The error for an upstream at ``where`` (its origin) that broke off mid-answer:
+    timed out, or cut short."""
+    kind = upstream_error_kind(exc)
+    if kind == "timeout":
+        return UpstreamTimeout(
+            f"The upstream at {where} stopped sending its answer for longer than the read "
+            "timeout (TRIMPROXY_READ_TIMEOUT). Retry; if it keeps happening, the model "
+            "server is overloaded or stuck.",
+            kind=kind,
+        )
+    return UpstreamProtocolError(
+        f"The upstream at {where} was reached but answered something invalid (its answer "
+        "broke off before the end). Retry; if it keeps happening, check the model "
+        "server's logs.",
         kind=kind,
     )
 

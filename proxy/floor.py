@@ -3,7 +3,7 @@
 No token covers more characters than the vocabulary's longest entry
 (``max_token_chars`` on the counters that know it), so a text of ``c`` characters
 is at least ``c / max_token_chars`` tokens. Only what trimming must keep is
-counted (the leading system/developer block and the last turn, DESIGN section 3,
+counted (the leading system/developer block and the last turn, docs/architecture.md §6,
 invariants 2 and 3), and of that only the text of system, developer and user
 messages, without whitespace: chat templates may strip whitespace or drop an
 assistant's reasoning, and a normaliser may merge characters, which the halving
@@ -80,9 +80,3 @@ def size_floor(body_bytes: int, max_token_chars: int) -> int:
     of its text came from at least one byte of the JSON. At or under the budget, the
     scan of the text is not needed."""
     return body_bytes // (max_token_chars * _SLACK)
-
-
-def max_token_chars(counter: object) -> int | None:
-    """The counter's longest token in characters, when it knows it."""
-    value = getattr(counter, "max_token_chars", None)
-    return value if isinstance(value, int) and value > 0 else None

@@ -1,4 +1,4 @@
-"""Every metric the proxy exports, declared in one place (DESIGN section 6).
+"""Every metric the proxy exports, declared in one place (docs/architecture.md §15).
 
 Metrics live on a ``Metrics`` object built by the app factory, each on the
 registry it is given, so several apps (tests, workers) never collide. With more
@@ -325,6 +325,18 @@ class Metrics:
             multiprocess_mode="livesum",
         )
         self._engine_labels: dict[str, str] = {}
+        self.admission_overrun = Counter(
+            "trimproxy_admission_overrun",
+            "Answers that ran past their KV reservation: their request named no max_tokens "
+            "and TRIMPROXY_MAX_COMPLETION_TOKENS is unset, so only the default reserve was "
+            "reserved.",
+            registry=r,
+        )
+        self.admission_overrun_tokens = Counter(
+            "trimproxy_admission_overrun_tokens",
+            "Completion tokens those answers generated beyond their reservations.",
+            registry=r,
+        )
 
         self.build_info = Gauge(
             "trimproxy_build_info",

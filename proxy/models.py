@@ -32,7 +32,7 @@ from pydantic import ValidationError
 from proxy.settings import ENV_PREFIX, Settings
 from proxy.tokens import build_counter
 from proxy.tokens.counter import TokenCounter
-from proxy.upstream import ContextWindows, Upstream
+from proxy.upstream import ContextWindows, ErrorHook, Upstream
 
 log = logging.getLogger("trimproxy.models")
 
@@ -46,6 +46,7 @@ MODEL_KEYS = frozenset(
         "context_window",
         "max_prompt_tokens",
         "default_completion_reserve",
+        "max_completion_tokens",
         "trim_target",
         "max_history_turns",
         "pin_first_user",
@@ -153,8 +154,11 @@ def _upstream_key(settings: Settings) -> tuple[str, str | None]:
     return (settings.upstream_url, settings.upstream_api_key)
 
 
-async def build_routes(settings: Settings, models: Sequence[ModelSettings]) -> ModelRoutes:
-    """Upstreams and counters for the top level and each model, shared where equal.
+async def build_routes(
+    settings: Settings, models: Sequence[ModelSettings], on_error: ErrorHook | None = None
+) -> ModelRoutes:
+    """Upstreams and counters for the top level and each model, shared where equal;
+    ``on_error`` counts every upstream's failures (``Upstream``).
 
     On failure everything built so far is closed before the error goes up.
     """
@@ -166,7 +170,7 @@ async def build_routes(settings: Settings, models: Sequence[ModelSettings]) -> M
         ukey = _upstream_key(s)
         upstream = upstreams.get(ukey)
         if upstream is None:
-            upstream = upstreams[ukey] = Upstream(s, models_ttl=s.models_refresh)
+            upstream = upstreams[ukey] = Upstream(s, models_ttl=s.models_refresh, on_error=on_error)
             windows[ukey] = ContextWindows(upstream)
         # hf: and tiktoken: count the same whichever upstream serves the model.
         asks_upstream = s.tokenizer in ("auto", "upstream")

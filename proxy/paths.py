@@ -1,4 +1,4 @@
-"""The path rule (DESIGN section 1.0): one normal form, routed and forwarded as is.
+"""The path rule (docs/architecture.md §3): one normal form, routed and forwarded as is.
 
 A request path is normalised once, before anything looks at it:
 

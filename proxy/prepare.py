@@ -10,10 +10,13 @@ HTTP is spoken here: tests call it directly with an in-memory counter.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+import orjson
 from starlette.requests import Request
 
+from proxy.admission.allowance import Allowance, allowance_for, capped_headers, with_allowance
 from proxy.chat import ChatRequest, with_messages
 from proxy.dependencies import Services
 from proxy.errors import (
@@ -21,13 +24,14 @@ from proxy.errors import (
     InvalidRequest,
     ProxyError,
     context_length_exceeded,
+    no_room_for_prompt,
 )
-from proxy.floor import floor_over, max_token_chars, size_floor
+from proxy.floor import floor_over, size_floor
 from proxy.logs import RequestFacts
 from proxy.metrics import OTHER_MODEL, ModelSeries
 from proxy.sessions.gate import SESSION_ID
-from proxy.trimming import TrimPolicy, TrimResult, fits_whole, trim
-from proxy.types import PromptCount
+from proxy.trimming import TrimPolicy, TrimResult, fits_whole, least_kept, trim
+from proxy.types import PromptCount, PromptLimit
 
 #: Response header: the prompt tokens forwarded.
 PROMPT_TOKENS = "x-trimproxy-prompt-tokens"
@@ -37,9 +41,7 @@ TRIMMED_MESSAGES = "x-trimproxy-trimmed-messages"
 _RECOUNTS = 4
 
 
-# Not frozen, like proxy.types.PromptCount (a frozen init costs ~0.1 us a field and
-# this is built on every request). Treat it as read-only.
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Prepared:
     """What to send upstream, and what the answer and the log say about it."""
 
@@ -56,7 +58,9 @@ class Prepared:
     """Response headers for the client: token counts and the session's headers."""
     session_id: str | None
     reserve: int = 0
-    """Completion tokens the answer may take: ``max_tokens``, else the default reserve."""
+    """Completion tokens each answer may take (``allowance.tokens``)."""
+    allowance: Allowance | None = None
+    """The completion allowance: per answer, ``n``, and where it came from."""
     series: ModelSeries | None = None
     """The request's per-model metric series (the relay observes the estimate error)."""
 
@@ -72,9 +76,33 @@ async def model_series(svc: Services, model: str | None) -> ModelSeries:
     return svc.metrics.for_model(label)
 
 
+def completion_allowance(svc: Services, chat: ChatRequest) -> Allowance:
+    """Each answer's share of the window and of the KV reservation: the request's
+    ``max_tokens`` (lowered to TRIMPROXY_MAX_COMPLETION_TOKENS), else the cap, else
+    TRIMPROXY_DEFAULT_COMPLETION_RESERVE (``proxy.admission.allowance``)."""
+    settings = svc.settings
+    return allowance_for(chat, settings.max_completion_tokens, settings.default_completion_reserve)
+
+
 def completion_reserve(svc: Services, chat: ChatRequest) -> int:
-    """The answer's share of the window: its ``max_tokens``, else the default reserve."""
-    return chat.max_tokens or svc.settings.default_completion_reserve
+    """The answer's share of the window (``completion_allowance``)."""
+    return completion_allowance(svc, chat).tokens
+
+
+def untrimmed(raw: bytes, chat: ChatRequest, upstream: ChatRequest) -> bytes:
+    """The body of a request nothing was dropped from: the client's bytes, unless the
+    cap rewrote ``upstream``'s max_tokens."""
+    return raw if upstream is chat else orjson.dumps(upstream.body)
+
+
+def apply_allowance(
+    svc: Services, chat: ChatRequest, headers: dict[str, str]
+) -> tuple[ChatRequest, Allowance]:
+    """The request to forward under the cap (its body rewritten when the cap lowered or
+    filled in its max_tokens) and its allowance; the capped header goes in ``headers``."""
+    allowance = completion_allowance(svc, chat)
+    headers.update(capped_headers(allowance))
+    return with_allowance(chat, allowance), allowance
 
 
 async def context_window(svc: Services, chat: ChatRequest) -> int | None:
@@ -85,28 +113,34 @@ async def context_window(svc: Services, chat: ChatRequest) -> int | None:
     return window
 
 
-async def budget_for(svc: Services, chat: ChatRequest) -> int | None:
-    """``min(max_prompt_tokens, context_window - reserve - 1)``; None when unbounded.
+def budget_of(window: int | None, reserve: int, max_prompt_tokens: int | None) -> int | None:
+    """``min(max_prompt_tokens, window - reserve - 1)``; None when unbounded, and below
+    1 when the reserve leaves the prompt no room.
 
     The one token of slack is FastChat's: its worker keeps only
     ``context - max_new_tokens - 1`` prompt tokens and silently drops the first one
     of a prompt that fills the rest exactly. vLLM loses nothing by it.
     """
-    limit = svc.settings.max_prompt_tokens or None
-    window = await context_window(svc, chat)
     if window is None:
-        return limit
-    reserve = completion_reserve(svc, chat)
+        return max_prompt_tokens
     room = window - reserve - 1
-    if room < 1:
-        asked = "max_tokens" if chat.max_tokens else "TRIMPROXY_DEFAULT_COMPLETION_RESERVE"
-        raise ContextLengthExceeded(
-            f"This model's maximum context length is {window} tokens. However, you "
-            f"requested {reserve} completion tokens ({asked}), which leaves no room for "
-            "the prompt. Ask for fewer completion tokens.",
-            param="max_tokens" if chat.max_tokens else None,
-        )
-    return room if limit is None else min(limit, room)
+    return room if max_prompt_tokens is None else min(max_prompt_tokens, room)
+
+
+async def limit_for(svc: Services, chat: ChatRequest) -> PromptLimit | None:
+    """The request's prompt budget and where it comes from; None when unbounded.
+    Refuses a completion reserve that leaves the prompt no room."""
+    window = await context_window(svc, chat)
+    allowance = completion_allowance(svc, chat)
+    reserve = allowance.tokens
+    setting = svc.settings.max_prompt_tokens or None
+    budget = budget_of(window, reserve, setting)
+    if budget is None:
+        return None
+    if budget < 1 and window is not None:  # the setting is at least 1: the reserve's doing
+        raise no_room_for_prompt(window, reserve, allowance.setting)
+    asked = allowance.setting is None
+    return PromptLimit(budget, window, reserve, asked, setting, allowance.setting or "max_tokens")
 
 
 async def prove_fits(
@@ -123,60 +157,48 @@ async def prove_fits(
     A counter whose per-message split is not additive for every subset (the chat
     template renders a message differently by position) gets the kept list recounted;
     when that is over the budget, the budget is tightened by the excess and trimmed
-    again, so the budget is a guarantee, not an estimate. An additive counter's sums
-    are the count itself: the chat route awaits this only for the others.
+    again, so the budget is a guarantee, not an estimate. When that does not settle
+    (or the tightened budget is below even the least the request keeps), the least
+    itself, the system block and the last turn, is recounted: forwarded when it fits,
+    else the refusal names its real count. An additive counter's sums are the count
+    itself: the chat route awaits this only for the others.
     """
     if len(result.kept) == len(chat.messages) or policy.budget is None:
         return result, result.tokens
     budget = policy.budget
     tightened = policy
     for _ in range(_RECOUNTS):
-        kept = [chat.messages[i] for i in result.kept]
-        actual = (await svc.counter.count(kept, tools=chat.tools, model=chat.model)).total
+        actual = await _recount(svc, chat, result.kept)
         if actual <= budget:
             return result, actual
-        tightened = replace(
-            tightened, budget=(tightened.budget or budget) - (actual - result.tokens)
-        )
+        excess = actual - result.tokens
+        tightened = replace(tightened, budget=(tightened.budget or budget) - excess)
         try:
             result = trim(chat.messages, count, tightened, history_start=history_start)
-        except ContextLengthExceeded as exc:
-            raise ContextLengthExceeded(
-                f"This conversation needs {actual} prompt tokens even after trimming, but the "
-                f"budget is {budget} tokens. Shorten the last message or the system prompt.",
-                param="messages",
-                needed=actual,
-            ) from exc
-    raise ContextLengthExceeded(
-        f"The prompt could not be brought under the budget of {budget} tokens.", param="messages"
-    )
+        except ContextLengthExceeded:
+            break
+    least = least_kept(chat.messages)
+    actual = await _recount(svc, chat, least)
+    if actual <= budget:
+        return TrimResult(least, actual, "budget"), actual
+    raise context_length_exceeded(actual, policy.limit or PromptLimit(budget))
+
+
+async def _recount(svc: Services, chat: ChatRequest, kept: Sequence[int]) -> int:
+    messages = [chat.messages[i] for i in kept]
+    return (await svc.counter.count(messages, tools=chat.tools, model=chat.model)).total
 
 
 def floor_if_surely_too_long(
     svc: Services, chat: ChatRequest, budget: int, body_bytes: int
 ) -> int | None:
     """The cheap floor (``proxy.floor``) when it is over the budget, before counting."""
-    longest = max_token_chars(svc.counter)
+    longest = svc.counter.max_token_chars
     # The floor counts characters of the body's text, never more than its bytes: a
     # body that small cannot be over, and most are, so they skip the scan.
     if longest is None or size_floor(body_bytes, longest) <= budget:
         return None
     return floor_over(chat.messages, longest, budget)
-
-
-async def too_long(
-    svc: Services, chat: ChatRequest, needed: int, *, at_least: bool = False
-) -> ContextLengthExceeded:
-    """The 400 for ``needed`` prompt tokens that cannot fit, naming the binding limit."""
-    settings = svc.settings
-    return context_length_exceeded(
-        needed=needed,
-        window=await context_window(svc, chat),
-        reserve=completion_reserve(svc, chat),
-        reserve_asked=bool(chat.max_tokens),
-        max_prompt_tokens=settings.max_prompt_tokens,
-        at_least=at_least,
-    )
 
 
 async def prepare(
@@ -209,43 +231,40 @@ async def prepare(
         history_start = admission.history_start
         headers.update(admission.headers)
         facts.session_id = admission.headers.get(SESSION_ID)
+    upstream, allowance = apply_allowance(svc, chat, headers)
 
-    budget = await budget_for(svc, chat)
-    if budget is not None:
-        floor = floor_if_surely_too_long(svc, chat, budget, len(raw))
+    limit = await limit_for(svc, chat)
+    budget = None if limit is None else limit.budget
+    if limit is not None:
+        floor = floor_if_surely_too_long(svc, chat, limit.budget, len(raw))
         if floor is not None:
-            raise await too_long(svc, chat, floor, at_least=True)
+            raise context_length_exceeded(floor, limit, at_least=True)
     count = await svc.counter.count(chat.messages, tools=chat.tools, model=chat.model)
     metrics = await model_series(svc, chat.model)
     metrics.prompt_received.observe(count.total)
     facts.prompt_tokens_received = count.total
     reason: str | None = None
     if fits_whole(count.total, budget, settings.max_history_turns, history_start):
-        forwarded, dropped, body = count.total, 0, raw  # the client's bytes, unchanged
+        forwarded, dropped, body = count.total, 0, untrimmed(raw, chat, upstream)
     else:
-        # Positional: keywords cost ~2 k instructions more, on every trimmed request.
         policy = TrimPolicy(
-            budget, settings.trim_target, settings.max_history_turns, settings.pin_first_user
+            budget=budget,
+            target=settings.trim_target,
+            max_history_turns=settings.max_history_turns,
+            pin_first_user=settings.pin_first_user,
+            limit=limit,
         )
-        try:
-            result = trim(chat.messages, count, policy, history_start=history_start)
-            forwarded = result.tokens
-            if not svc.counter.additive:
-                result, forwarded = await prove_fits(
-                    svc, chat, count, policy, history_start, result
-                )
-        except ContextLengthExceeded as exc:
-            needed = exc.needed
-            if needed is None:  # what trimming keeps at the least: the head and the last turn
-                least = replace(policy, budget=None, max_history_turns=1)
-                needed = trim(chat.messages, count, least, history_start=history_start).tokens
-            raise await too_long(svc, chat, needed) from exc
+        result = trim(chat.messages, count, policy, history_start=history_start)
+        forwarded = result.tokens
+        if not svc.counter.additive:
+            result, forwarded = await prove_fits(svc, chat, count, policy, history_start, result)
         dropped = result.dropped(len(chat.messages))
-        body = raw
         if dropped:
             reason = result.reason or "budget"
-            body = with_messages(chat, [chat.messages[i] for i in result.kept])
+            body = with_messages(upstream, [chat.messages[i] for i in result.kept])
             metrics.trimmed(dropped, max(0, count.total - forwarded), reason)
+        else:
+            body = untrimmed(raw, chat, upstream)
     metrics.prompt_forwarded.observe(forwarded)
     facts.prompt_tokens_forwarded = forwarded
     facts.messages_dropped = dropped
@@ -260,6 +279,7 @@ async def prepare(
         budget=budget,
         headers=headers,
         session_id=facts.session_id,
-        reserve=completion_reserve(svc, chat),
+        reserve=allowance.tokens,
+        allowance=allowance,
         series=metrics,
     )

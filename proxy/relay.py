@@ -23,12 +23,7 @@ import aiohttp
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from proxy.errors import (
-    ProxyError,
-    UpstreamProtocolError,
-    UpstreamTimeout,
-    upstream_error_kind,
-)
+from proxy.errors import ProxyError
 from proxy.types import JSON_MEDIA_TYPE
 
 log = logging.getLogger("trimproxy.upstream")
@@ -51,7 +46,9 @@ _RESPONSE_DROP = frozenset(
     name.encode("latin-1") for name in HOP_BY_HOP | {"content-length", "date", "server"}
 )
 
-ErrorHook = Callable[[str], None]
+#: The error for an upstream answer that broke off mid-body (``exc``: what the HTTP
+#: client raised, on the answer given), counted: ``Upstream.failure``.
+FailureMap = Callable[[BaseException, aiohttp.ClientResponse], ProxyError]
 
 
 class RelayAborted(Exception):
@@ -78,25 +75,6 @@ def quiet_relay_aborts() -> None:
         logger.addFilter(_DropRelayAborts())
 
 
-def _failure(exc: BaseException, upstream: aiohttp.ClientResponse) -> ProxyError:
-    """The error for an upstream that broke off mid-answer: timed out, or cut short."""
-    where = str(upstream.url.origin())
-    kind = upstream_error_kind(exc)
-    if kind == "timeout":
-        return UpstreamTimeout(
-            f"The upstream at {where} stopped sending its answer for longer than the read "
-            "timeout (TRIMPROXY_READ_TIMEOUT). Retry; if it keeps happening, the model "
-            "server is overloaded or stuck.",
-            kind=kind,
-        )
-    return UpstreamProtocolError(
-        f"The upstream at {where} was reached but answered something invalid (its answer "
-        "broke off before the end). Retry; if it keeps happening, check the model "
-        "server's logs.",
-        kind=kind,
-    )
-
-
 def sse_error_event(error: ProxyError) -> bytes:
     """The final event of a stream the upstream broke off: OpenAI's error object, the
     shape vLLM itself streams on a failure and the one the openai SDK raises on."""
@@ -105,13 +83,9 @@ def sse_error_event(error: ProxyError) -> bytes:
 
 #: Called once the relay ends: whether the body went out whole, and the captured body.
 EndHook = Callable[[bool, bytes | None], None]
-
-#: Key in ``scope["state"]``: the server's own ``send``, set by ``app.ProxyApp`` (absent:
-#: the relay uses the ``send`` it was given). Once the head has gone out through the
-#: whole chain, the relay sends body chunks straight there: the wrappers in between
-#: (Accounting's, Starlette's error middleware's) look only at the head, and on a stream
-#: of a few hundred chunks each layer costs a call per chunk.
-BODY_SEND = "trimproxy_body_send"
+#: Called with each chunk of a relayed stream before it is sent on (KV admission's
+#: ``AnswerWatch`` counts the tokens of an answer that may outgrow its reservation).
+ChunkHook = Callable[[bytes], None]
 
 
 def response_headers(
@@ -139,14 +113,16 @@ class Relay(Response):
         extra_headers: Mapping[str, str],
         client_gone: asyncio.Future[None],
         *,
-        on_error: ErrorHook | None = None,
+        failure: FailureMap,
         on_end: EndHook | None = None,
         on_first_byte: Callable[[], None] | None = None,
         capture_limit: int = 0,
+        on_chunk: ChunkHook | None = None,
     ) -> None:
         self._upstream = upstream
+        self._on_chunk = on_chunk
         self._client_gone = client_gone
-        self._on_error = on_error
+        self._failure = failure
         self._on_end = on_end
         self._on_first_byte = on_first_byte
         # Up to this many bytes of the body are kept for on_end (usage comparison);
@@ -159,11 +135,9 @@ class Relay(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         completed = False
-        state = scope.get("state")
-        body_send = state.get(BODY_SEND) if isinstance(state, dict) else None
         try:
             with CancelOnDisconnect(self._client_gone):
-                await self._pump(send, body_send or send)
+                await self._pump(send)
                 completed = True
         finally:
             self._client_gone.cancel()
@@ -175,9 +149,9 @@ class Relay(Response):
                 captured = b"".join(self._captured) if completed and self._captured else None
                 self._on_end(completed, captured)
 
-    async def _pump(self, send: Send, body_send: Send) -> None:
-        """The head through ``send`` (every middleware sees it), the body through
-        ``body_send`` (``BODY_SEND``), chunk by chunk as aiohttp hands them over."""
+    async def _pump(self, send: Send) -> None:
+        """The head, then the body chunk by chunk as aiohttp hands them over, all
+        through ``send``: every middleware sees every byte."""
         length = self._upstream.content_length
         if self._captured is not None and length is not None and length <= self._capture_limit:
             await self._send_whole(send)
@@ -187,6 +161,7 @@ class Relay(Response):
         )
         # Locals, not attributes, in the loop: it runs once per SSE event.
         on_first_byte = self._on_first_byte
+        on_chunk = self._on_chunk
         captured = self._captured
         limit = self._capture_limit
         kept = 0
@@ -198,6 +173,8 @@ class Relay(Response):
                 if on_first_byte is not None:
                     on_first_byte()
                     on_first_byte = None
+                if on_chunk is not None:
+                    on_chunk(chunk)
                 if captured is not None:
                     kept += len(chunk)
                     if kept <= limit:
@@ -206,27 +183,25 @@ class Relay(Response):
                         captured = self._captured = None
                 message = {"type": "http.response.body", "body": chunk, "more_body": True}
                 if deadline is None:
-                    await body_send(message)
+                    await send(message)
                 else:
                     deadline.last = None  # a client that reads slowly is no idle upstream
-                    await body_send(message)
+                    await send(message)
                     deadline.last = now()
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             # The head is out already, so no error answer can follow: a stream gets a
             # final error event, and then every answer is broken off (RelayAborted),
             # so that no client takes a cut answer for a complete one.
-            error = _failure(exc, self._upstream)
-            if self._on_error is not None:
-                self._on_error(error.kind or "other")
+            error = self._failure(exc, self._upstream)
             log.warning("upstream answer broke off: %s", type(exc).__name__)
             if self._is_sse():
                 event = sse_error_event(error)
-                await body_send({"type": "http.response.body", "body": event, "more_body": True})
+                await send({"type": "http.response.body", "body": event, "more_body": True})
             raise RelayAborted(error.code) from None
         finally:
             if deadline is not None:
                 deadline.cancel()
-        await body_send({"type": "http.response.body", "body": b"", "more_body": False})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     def _is_sse(self) -> bool:
         return self._upstream.content_type == "text/event-stream"
@@ -240,9 +215,7 @@ class Relay(Response):
         try:
             body = await self._upstream.read()
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            error = _failure(exc, self._upstream)
-            if self._on_error is not None:
-                self._on_error(error.kind or "other")
+            error = self._failure(exc, self._upstream)
             body = error.body()
             self.status_code = error.status
             self.raw_headers = [(b"content-type", JSON_MEDIA_TYPE.encode())]
@@ -356,14 +329,14 @@ class CancelOnDisconnect:
 
 #: Seconds before a request's client is watched. An answer that is over sooner (most
 #: non-streamed ones behind a fast engine) never pays for the watcher task, its
-#: ``receive`` and its cancellation (~6 us a request, issue 17); one that takes longer
+#: ``receive`` and its cancellation (~6 us a request); one that takes longer
 #: notices a client that left within this delay, well inside the 1.5 s that frees the
 #: engine's KV blocks in time (``test_client_disconnect_closes_the_upstream_at_once``).
 WATCH_DELAY = 0.25
 #: Streams are watched from the start: they last, so the watcher's cost is nothing
 #: beside them, and a client that stops a stream is the common case. A delay would
 #: also widen the window in which a proxy that shares its cores with a CPU engine,
-#: and is not scheduled for seconds, misses the moment (issue 17's CI run).
+#: and is not scheduled for seconds, misses the moment (docs/architecture.md §13).
 STREAM_WATCH_DELAY = 0.0
 
 

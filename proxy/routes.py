@@ -1,23 +1,26 @@
 """Thin handlers: read → parse → prepare (``proxy.prepare``) → forward → relay.
 
-Plain Starlette routes that take the raw request and return responses directly:
-FastAPI's body validation would parse every message into models, and its
-dependency solving costs about 70 us a request, neither of which the hot path needs.
+The handlers take the raw request and return responses directly: FastAPI's body
+validation would parse every message into models, which the proxy never needs. The
+chat route is served by ``ChatRoute`` ahead of FastAPI's router and dependency
+solving; its ``APIRoute`` is what ``/docs`` lists (and serves under a root path).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from enum import Enum
 
 import aiohttp
 import orjson
+from fastapi.routing import APIRoute
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from proxy.admission import wait_header
+from proxy.admission import AnswerWatch, Need, asks_usage, wait_header
 from proxy.chat import parse_chat
 from proxy.dependencies import Services, services
 from proxy.engines.dispatch import send_chat
@@ -32,6 +35,7 @@ from proxy.errors import (
 from proxy.logs import request_facts
 from proxy.metrics import CONTENT_TYPE, OTHER_MODEL
 from proxy.models import union_models
+from proxy.openapi import CHAT_BODY, CHAT_RESPONSES, HealthBody, ReadinessBody
 from proxy.prepare import prepare
 from proxy.relay import STREAM_WATCH_DELAY, WATCH_DELAY, Relay, watch_disconnect
 from proxy.tokens import estimate_error
@@ -119,18 +123,30 @@ async def chat_completions(request: Request) -> Response:
         request.receive, STREAM_WATCH_DELAY if chat.stream else WATCH_DELAY
     )
     # Its engine (proxy.engines): routed, admitted on that engine's ledger, sent. The
-    # most KV this request can hold: its prompt and its whole completion.
-    tokens = prepared.forwarded_tokens + prepared.reserve
+    # most KV this request can hold: its prompt and n whole completions.
+    allowance = prepared.allowance
+    n = allowance.n if allowance is not None else 1
+    need = Need(prepared.forwarded_tokens, prepared.reserve, n)
     sent = await send_chat(
-        request, svc, chat, CHAT_PATH, headers, prepared.body, tokens, client_gone, facts
+        request, svc, chat, CHAT_PATH, headers, prepared.body, need, client_gone, facts
     )
-    if sent.reservation is not None:
-        extra = {**extra, **wait_header(sent.reservation)}
+    watch: AnswerWatch | None = None
+    reservation = sent.reservation
+    if reservation is not None:
+        extra = {**extra, **wait_header(reservation)}
+        gate = sent.engine.admission
+        unbounded = allowance is not None and not allowance.bounded
+        if gate is not None and unbounded and reservation.charge:
+            # Told no limit, the engine may let the answer outgrow its reservation.
+            usage = chat.stream and asks_usage(chat.body)
+            watch = AnswerWatch(gate, reservation, need, chat.stream, usage)
     upstream, started = sent.response, sent.started
     metrics = svc.metrics
     forwarded_tokens = prepared.forwarded_tokens
 
     def on_end(complete: bool, captured: bytes | None) -> None:
+        if watch is not None:
+            watch.finish(captured)
         sent.done()  # the answer is over, however it ended
         if captured is not None and upstream.status == 200:
             error = estimate_error(forwarded_tokens, captured)
@@ -146,10 +162,11 @@ async def chat_completions(request: Request) -> Response:
         upstream,
         extra,
         client_gone,
-        on_error=lambda kind: metrics.upstream_errors.labels(kind).inc(),
+        failure=svc.upstream.failure,
         on_end=on_end,
         on_first_byte=on_first_byte,
         capture_limit=0 if chat.stream else _USAGE_CAPTURE_BYTES,
+        on_chunk=watch.on_chunk if watch is not None and chat.stream else None,
     )
 
 
@@ -168,7 +185,7 @@ class ChatRoute:
     accounting, the API keys and the in-flight limit, but the one route that carries
     the traffic skips the layers between there and the handler (Starlette's
     exception middleware, its router's matching, two exception wrappers around the
-    handler and around every ``send``), about 20 us a request (issue 17). It
+    handler and around every ``send``), about 20 us a request (docs/architecture.md §1). It
     answers a ``ProxyError`` as the app's handler does; anything else propagates to
     the same server-error handler as before.
     """
@@ -219,16 +236,9 @@ async def open_upstream(
         client_gone = watch_disconnect(request.receive, delay)
     try:
         response = await svc.upstream.forward(request.method, path, headers, body, client_gone)
-    except ProxyError as exc:
-        client_gone.cancel()
-        if exc.kind is not None:
-            svc.metrics.upstream_errors.labels(exc.kind).inc()
-        raise
     except BaseException:
         client_gone.cancel()
         raise
-    if response.status >= 500:
-        svc.metrics.upstream_errors.labels("http_5xx").inc()
     return response, client_gone
 
 
@@ -258,12 +268,7 @@ async def passthrough(request: Request) -> Response:
     upstream, client_gone = await open_upstream(
         request, svc, path, headers, body or None, delay=delay
     )
-    return Relay(
-        upstream,
-        {},
-        client_gone,
-        on_error=lambda kind: svc.metrics.upstream_errors.labels(kind).inc(),
-    )
+    return Relay(upstream, {}, client_gone, failure=svc.upstream.failure)
 
 
 def _model_of(body: bytes) -> str | None:
@@ -296,8 +301,6 @@ async def union_of_models(request: Request, svc: Services) -> Response:
         return Response(merged, media_type=JSON_MEDIA_TYPE)
     first = answers[0]
     if isinstance(first, BaseException):
-        if isinstance(first, ProxyError) and first.kind is not None:
-            svc.metrics.upstream_errors.labels(first.kind).inc()
         raise first
     return Response(first[1], status_code=first[0], media_type=first[2])
 
@@ -342,12 +345,57 @@ async def metrics(request: Request) -> Response:
 
 _METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"]
 
-routes = [
-    Route(CHAT_PATH, chat_completions, methods=["POST"]),
-    Route("/v1/{rest:path}", passthrough, methods=_METHODS),
-    Route("/tokenize", passthrough, methods=["POST"]),
-    Route("/detokenize", passthrough, methods=["POST"]),
-    Route("/healthz", healthz, methods=["GET"]),
-    Route("/readyz", readyz, methods=["GET"]),
-    Route("/metrics", metrics, methods=["GET"]),
-]
+
+def routes() -> list[Route]:
+    """The proxy's routes. FastAPI's ``APIRoute`` where ``/docs`` should list them; the
+    relayed rest as plain Starlette routes, which no schema lists (the upstream's API
+    describes them) and which skip FastAPI's per-request dependency solving."""
+    tags: list[str | Enum] = ["proxy"]
+    documented: list[Route] = [
+        APIRoute(
+            CHAT_PATH,
+            chat_completions,
+            methods=["POST"],
+            summary="Chat completion, trimmed to the token budget",
+            responses=CHAT_RESPONSES,
+            openapi_extra=CHAT_BODY,
+            tags=["openai"],
+        ),
+        APIRoute(
+            "/v1/models",
+            passthrough,
+            methods=["GET"],
+            summary="The upstream's models (their union with a models file)",
+            response_class=JSONResponse,
+            tags=["openai"],
+        ),
+        APIRoute("/healthz", healthz, methods=["GET"], response_model=HealthBody, tags=tags),
+        APIRoute(
+            "/readyz",
+            readyz,
+            methods=["GET"],
+            response_model=ReadinessBody,
+            responses={503: {"model": ReadinessBody, "description": "The upstream is not ready"}},
+            tags=tags,
+        ),
+        APIRoute(
+            "/metrics",
+            metrics,
+            methods=["GET"],
+            summary="Prometheus metrics",
+            response_class=PlainTextResponse,
+            tags=tags,
+        ),
+    ]
+    return [
+        *documented,
+        Route("/v1/{rest:path}", passthrough, methods=_METHODS),
+        Route("/tokenize", passthrough, methods=["POST"]),
+        Route("/detokenize", passthrough, methods=["POST"]),
+        # HEAD as before (Starlette adds it to every GET route, FastAPI does not),
+        # kept out of the schema.
+        *(
+            Route(path, handler, methods=["HEAD"], include_in_schema=False)
+            for path, handler in (("/healthz", healthz), ("/readyz", readyz), ("/metrics", metrics))
+        ),
+    ]

@@ -3,7 +3,7 @@
 prometheus-client keeps each value behind its own mutex, and a histogram's
 ``observe`` is several Python calls, two locks and a loop over the bounds; a chat
 request records seven values, and that cost ~60 k instructions a request under
-callgrind (issue 17), more than counting its prompt. Without multiprocess mode,
+callgrind, more than counting its prompt. Without multiprocess mode,
 ``Metrics`` keeps those seven series here instead: the same counters, histograms and
 gauge, collected by prometheus-client's own registry into the same samples (names,
 labels, order, float values, ``_created``), so the exposition is byte for byte the

@@ -50,7 +50,16 @@ class Settings(BaseSettings):
     default_completion_reserve: int = Field(
         512,
         ge=0,
-        description="Tokens kept free for the answer when a request names no max_tokens.",
+        description="Tokens kept free for the answer when a request names no max_tokens "
+        "(and TRIMPROXY_MAX_COMPLETION_TOKENS is unset).",
+    )
+    max_completion_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Cap on the completion tokens a request may ask: a larger max_tokens "
+        "is lowered to it (X-Trimproxy-Max-Tokens-Capped says so), and it is filled in "
+        "when a request names none. Makes KV admission's bound hard; unset, vLLM lets an "
+        "answer without max_tokens run to the context window.",
     )
     tokenizer: str = Field(
         "auto",
@@ -149,7 +158,7 @@ class Settings(BaseSettings):
     kv_admission: str = Field(
         "off",
         description="KV admission: off, auto (the capacity from vLLM's /metrics), or the "
-        "engine's KV capacity in tokens; requests reserve prompt + completion reserve.",
+        "engine's KV capacity in tokens; requests reserve prompt + n x completion allowance.",
     )
     kv_admission_fraction: float = Field(
         1.0,

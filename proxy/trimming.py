@@ -1,7 +1,7 @@
 """Pure trimming: which messages of a chat request to keep under a token budget.
 
 No I/O and no state: the input is the messages, their counts and a policy; the
-output is the indices to keep. The invariants of DESIGN section 3 hold for every
+output is the indices to keep. The invariants of docs/architecture.md §6 hold for every
 input, and each one has a property test.
 
 A *turn* is a user message with every message after it up to the next user
@@ -25,25 +25,28 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate, pairwise
 
-from proxy.errors import ContextLengthExceeded
-from proxy.types import Message, PromptCount
+from proxy.errors import context_length_exceeded
+from proxy.types import Message, PromptCount, PromptLimit
 
 HEAD_ROLES = frozenset(("system", "developer"))
 
 
-# Not frozen, like proxy.types.PromptCount (a frozen init costs ~0.1 us a field and
-# this is built on every request). Treat it as read-only.
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class TrimPolicy:
     budget: int | None
+    """The most prompt tokens to keep; None for no budget (only a turn limit cuts)."""
     target: float = 0.6
+    """The low-water mark a cut goes down to, a fraction of the budget."""
     max_history_turns: int | None = None
     pin_first_user: bool = False
+    """Keep the first user turn while it fits (a preference, never a must)."""
+    limit: PromptLimit | None = None
+    """Where the budget comes from, for the refusal's wording; None words it as a bare
+    budget. Its own ``budget`` may be above this policy's: a recount tightens the
+    policy and the refusal still names the client's limit."""
 
 
-# Not frozen, like proxy.types.PromptCount (a frozen init costs ~0.1 us a field and
-# this is built on every request). Treat it as read-only.
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class TrimResult:
     kept: tuple[int, ...]
     """Indices into the input messages, ascending."""
@@ -78,6 +81,14 @@ def head_length(messages: Sequence[Message]) -> int:
     while head < n and messages[head].get("role") in HEAD_ROLES:
         head += 1
     return head
+
+
+def least_kept(messages: Sequence[Message]) -> tuple[int, ...]:
+    """What trimming keeps at the least: the leading system/developer block and the
+    last turn (what ``trim``'s refusal counts)."""
+    head, starts, _ = _turns(messages)
+    tail = starts[-1] if starts else len(messages)
+    return (*range(head), *range(tail, len(messages)))
 
 
 def _turns(messages: Sequence[Message]) -> tuple[int, list[int], bool]:
@@ -139,10 +150,11 @@ def trim(
     """Choose the messages to forward.
 
     ``history_start`` is a session's reset point: turns that begin before it are
-    dropped whatever the budget (DESIGN section 4); it is an index into
+    dropped whatever the budget (docs/architecture.md §10); it is an index into
     ``messages`` and snaps forward to the next turn start.
     Raises ``ContextLengthExceeded`` when the system block plus the last turn alone
-    are over the budget.
+    are over the budget, with that figure: the least the request needs. A pinned
+    first turn is not part of it; a pin is dropped when it is what does not fit.
     """
     n = len(messages)
     if fits_whole(count.total, policy.budget, policy.max_history_turns, history_start):
@@ -152,6 +164,10 @@ def trim(
     # acc[i]: the tokens of messages [0, i). Every sum below is a difference of two.
     acc = list(accumulate(per, initial=0))
     fixed = count.overhead + acc[head]
+    if policy.budget is not None:
+        least = fixed + acc[-1] - (acc[starts[-1]] if starts else acc[-1])
+        if least > policy.budget:
+            raise context_length_exceeded(least, policy.limit or PromptLimit(policy.budget))
     reason: str | None = None
 
     # Turns the replay may drop, oldest first: [first_droppable, len(starts)). The
@@ -175,20 +191,13 @@ def trim(
         acc, per, starts, first_is_user, fixed, first_droppable, pinned, policy
     )
     if pinned is not None and policy.budget is not None and tokens > policy.budget:
-        # The pin is a preference; only the system block and the last turn are musts.
+        # The pin is a preference; only the system block and the last turn are musts,
+        # and they fit (``least``): without the pin the replay keeps at most them.
         pinned = None
         cut_reason, first_kept, tokens = _choose(
             acc, per, starts, first_is_user, fixed, first_droppable, None, policy
         )
     reason = cut_reason or reason
-    if policy.budget is not None and tokens > policy.budget:
-        raise ContextLengthExceeded(
-            f"This conversation needs {tokens} prompt tokens even after dropping every "
-            f"earlier turn (system messages plus the last user turn), but the budget is "
-            f"{policy.budget} tokens. Shorten the last message or the system prompt, "
-            f"or lower max_tokens.",
-            param="messages",
-        )
     # The kept turns run from first_kept to the end, with the pin before them when
     # there is one: the head, at most one turn on its own, one run to the end.
     tail = starts[first_kept] if first_kept < len(starts) else n

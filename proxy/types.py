@@ -20,9 +20,7 @@ Message = dict[str, Any]
 JSON_MEDIA_TYPE = "application/json"
 
 
-# Not frozen: a frozen dataclass sets every field through object.__setattr__ (~0.1 us
-# a field), and this one is built on every request (issue 17). Treat it as read-only.
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class PromptCount:
     """The counted prompt of one message list.
 
@@ -38,4 +36,31 @@ class PromptCount:
     """Summed once: the hot path reads it several times a request."""
 
     def __post_init__(self) -> None:
-        self.total = self.overhead + sum(self.per_message)
+        object.__setattr__(self, "total", self.overhead + sum(self.per_message))
+
+
+@dataclass(frozen=True, slots=True)
+class PromptLimit:
+    """Where a request's prompt budget comes from, so that a refusal can name the limit
+    that binds and the advice that helps (``proxy.errors.context_length_exceeded``).
+
+    ``budget`` is the most prompt tokens the request may forward; ``window`` the
+    model's context length (None when unknown), ``reserve`` the completion tokens
+    held back from it, ``reserve_asked`` whether the request's own ``max_tokens`` set
+    that reserve, and ``max_prompt_tokens`` the operator's cap
+    (``TRIMPROXY_MAX_PROMPT_TOKENS``), None when unset.
+    """
+
+    budget: int
+    window: int | None = None
+    reserve: int = 0
+    reserve_asked: bool = False
+    max_prompt_tokens: int | None = None
+    reserve_setting: str = "TRIMPROXY_DEFAULT_COMPLETION_RESERVE"
+    """Where a reserve the request did not ask for comes from (the default reserve, or
+    the cap TRIMPROXY_MAX_COMPLETION_TOKENS)."""
+
+    @property
+    def setting_binds(self) -> bool:
+        """Whether the operator's cap, not the window, sets the budget."""
+        return self.max_prompt_tokens is not None and self.budget == self.max_prompt_tokens

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +34,7 @@ from proxy.errors import (
     ClientClosedRequest,
     NoEngineAvailable,
     ProxyError,
+    broken_off,
     protocol_error,
     upstream_failure,
 )
@@ -61,6 +62,9 @@ _JSON_HEADERS = {"content-type": JSON_MEDIA_TYPE}
 _IDENTITY = "identity"
 _SKIP_TYPE = ("Content-Type",)
 _TRANSPORT_ERRORS = (TimeoutError, aiohttp.ClientError, OSError)
+
+#: Told the ``kind`` of every failure of a forwarded request (``Upstream.failure``).
+ErrorHook = Callable[[str], None]
 
 
 class UpstreamCallFailed(Exception):
@@ -156,7 +160,10 @@ class Upstream:
         models_ttl: float = 300.0,
         models_retry_after: float = 10.0,
         engines: EngineList | None = None,
+        on_error: ErrorHook | None = None,
     ) -> None:
+        """``on_error``: counts the failures of forwarded requests
+        (``trimproxy_upstream_errors_total{kind}``); None counts nothing."""
         self.base_url = settings.upstream_url
         """The setting as written (one URL, or several comma-separated)."""
         self.engines: EngineList = (
@@ -165,6 +172,7 @@ class Upstream:
         self.router = Router(settings.routing, settings.routing_load_factor)
         self.health_interval = settings.health_interval
         self._said: set[tuple[str, str]] = set()
+        self._on_error = on_error
         self.connect_timeout = settings.connect_timeout
         self.read_timeout = settings.read_timeout
         key = settings.upstream_api_key
@@ -329,18 +337,41 @@ class Upstream:
                     skip_auto_headers=skip,
                 )
             except _TRANSPORT_ERRORS as exc:
-                failure = upstream_failure(exc, engine.url, self.read_timeout, self.connect_timeout)
-                failure.__cause__ = exc
+                failure = self.failure(exc, origin=engine.url)
                 if connection_failed(failure):
                     self.engine_failed(engine, failure.kind or "connect")
                 raise failure from exc
             problem = invalid_head(response)
             if problem is not None:
                 response.close()
-                raise protocol_error(engine.url, problem)
+                raise self._counted(protocol_error(engine.url, problem))
+            if response.status >= 500 and self._on_error is not None:
+                self._on_error("http_5xx")  # relayed as it is, but the upstream failed
             return response
         assert watch.fired  # only a disconnect ends the block without a return
         raise ClientClosedRequest("The client closed the connection before the answer.")
+
+    def failure(
+        self,
+        exc: BaseException,
+        answer: aiohttp.ClientResponse | None = None,
+        *,
+        origin: str | None = None,
+    ) -> ProxyError:
+        """What the HTTP client raised on a forwarded request, as the 502 or 504 to
+        answer, and counted: with ``forward``'s, the one place upstream failures are
+        counted. ``answer``: the response whose body broke off (``proxy.relay``)."""
+        if answer is None:
+            where = origin or self.base_url
+            error = upstream_failure(exc, where, self.read_timeout, self.connect_timeout)
+        else:
+            error = broken_off(exc, str(answer.url.origin()))
+        return self._counted(error)
+
+    def _counted(self, error: ProxyError) -> ProxyError:
+        if self._on_error is not None and error.kind is not None:
+            self._on_error(error.kind)
+        return error
 
     # -- the proxy's own calls ----------------------------------------------------
 

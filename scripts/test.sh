@@ -4,8 +4,21 @@
 # the project's virtual environment, lint, type checks, then pytest. The real
 # FastChat stack and the real vLLM engine build their own environments inside the
 # test setup (tests/e2e); the vLLM one starts building in the background here.
+#
+#   bash scripts/test.sh [PYTEST ARGS]         the whole suite (what .ci/run runs)
+#   bash scripts/test.sh --fast [PYTEST ARGS]  the developer's loop: lint, types and
+#       every test but the real engines and containers (-m "not vllm and not
+#       fastchat and not container") on two pytest-xdist workers; no vLLM venv
+#       build, and the project's venv is installed only when missing. Arguments
+#       after --fast go to pytest (a later -m or -n wins).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+fast=0
+if [ "${1:-}" = "--fast" ]; then
+  fast=1
+  shift
+fi
 
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
@@ -21,13 +34,17 @@ PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
-.venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q -e '.[test]'
+# The fast loop trusts a venv that has the test extras (xdist is the newest of them);
+# after a change of dependencies, run the full script once, or pip install yourself.
+if [ "$fast" = 0 ] || ! .venv/bin/python -c "import xdist" 2>/dev/null; then
+  .venv/bin/python -m pip install -q --upgrade pip >/dev/null
+  .venv/bin/python -m pip install -q -e '.[test]'
+fi
 
 # The real vLLM engine (tests/e2e/test_vllm.py) needs its own venv, minutes to build:
 # build it while lint, type checks and the other tests run. The tests' fixture waits
 # for it (a file lock), rebuilds what is missing, and fails loudly if it cannot.
-if [ "${TRIMPROXY_SKIP_VLLM:-}" != "1" ]; then
+if [ "$fast" = 0 ] && [ "${TRIMPROXY_SKIP_VLLM:-}" != "1" ]; then
   mkdir -p .cache
   echo "== building the vLLM venv in the background (log: .cache/vllm-env.log)"
   PYTHON=.venv/bin/python bash scripts/vllm_env.sh >.cache/vllm-env.log 2>&1 &
@@ -39,4 +56,12 @@ echo "== ruff"
 echo "== mypy (strict, proxy/ and tests/)"
 .venv/bin/mypy
 echo "== pytest"
-exec .venv/bin/pytest "$@"
+if [ "$fast" = 0 ]; then
+  exec .venv/bin/pytest "$@"
+fi
+rc=0
+.venv/bin/pytest -m "not vllm and not fastchat and not container" -n 2 "$@" || rc=$?
+if [ "$rc" = 5 ]; then
+  echo "== pytest selected no tests (exit 5): check the -k / -m / paths given after --fast" >&2
+fi
+exit "$rc"

@@ -1,4 +1,5 @@
-"""The package's imports run one way: the module import graph of ``proxy/`` is acyclic.
+"""The imports run one way: the module import graph of ``proxy/`` is acyclic, and every
+test module is imported by its package name.
 
 Built from the source with ``ast`` (nothing is imported), counting every import:
 module level, inside functions (lazy imports) and under ``TYPE_CHECKING``. An edge
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "proxy"
+TESTS = Path(__file__).resolve().parent
 
 
 def _modules() -> dict[str, Path]:
@@ -101,3 +103,40 @@ def test_proxy_imports_are_acyclic() -> None:
     cycle = find_cycle(import_graph())
     if cycle:
         pytest.fail("import cycle in proxy/: " + " -> ".join(cycle))
+
+
+def missing_packages(root: Path) -> list[Path]:
+    """Folders under ``root`` (``root`` too) that hold Python, or a folder that does, and
+    have no ``__init__.py``.
+
+    pytest's default import mode names a test module by its packages
+    (``tests.admission.test_gate``); a folder that is not a package puts its modules in
+    the top level, where two ``test_gate.py`` clash. mypy names them the same way.
+    """
+    holders = {path.parent for path in root.rglob("*.py") if "__pycache__" not in path.parts}
+    needed = {root}
+    for folder in holders:
+        needed.update(p for p in [folder, *folder.parents] if p.is_relative_to(root))
+    return sorted(folder for folder in needed if not (folder / "__init__.py").is_file())
+
+
+def test_package_finder_finds_plain_folders(tmp_path: Path) -> None:
+    (tmp_path / "__init__.py").touch()
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "b" / "test_x.py").touch()
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "x.json").touch()
+    assert missing_packages(tmp_path) == [tmp_path / "a", tmp_path / "a" / "b"]
+    (tmp_path / "a" / "__init__.py").touch()
+    (tmp_path / "a" / "b" / "__init__.py").touch()
+    assert missing_packages(tmp_path) == []
+
+
+def test_every_test_folder_is_a_package() -> None:
+    missing = [str(folder.relative_to(TESTS.parent)) for folder in missing_packages(TESTS)]
+    assert not missing, f"add an __init__.py to: {', '.join(missing)}"
+
+
+def test_test_modules_are_imported_by_package_name() -> None:
+    # One import mode for all of tests/: the default, by package (not importlib).
+    assert __name__ == "tests.test_imports"

@@ -9,7 +9,7 @@ Three measurements, all judged by one shared token counter (see counting.py):
 
 1. time per call at the reference budget, cold (empty count caches) and warm;
 2. a budget sweep: every trimmer at every budget on every conversation shape,
-   each output checked against DESIGN section 3's invariants;
+   each output checked against the invariants of docs/architecture.md §6;
 3. prefix reuse on a conversation that grows one turn per request.
 
 Prints tables and writes everything (per-budget checks included) as JSON.

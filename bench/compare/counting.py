@@ -60,6 +60,7 @@ class SharedCounter:
 
     exact = False
     additive = True
+    max_token_chars = None
 
     def __init__(self, text_tokens: TextTokens, name: str) -> None:
         self.text_tokens = text_tokens

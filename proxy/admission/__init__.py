@@ -1,9 +1,11 @@
-"""KV admission (DESIGN section 10): a ledger of the engine's KV tokens, FIFO, shared.
+"""KV admission (docs/architecture.md §11): a ledger of the engine's KV tokens, FIFO, shared.
 
-Each chat request reserves ``forwarded prompt + completion reserve`` tokens before it
-is forwarded and gives them back when its answer ends, fails or its client leaves, so
-the sum of what is in the engine stays under its capacity. ``build_admission`` makes the
-gate from the settings (None when ``TRIMPROXY_KV_ADMISSION=off``).
+Each chat request reserves what it can hold, ``forwarded prompt + n x completion
+allowance`` (``need``, ``allowance``), before it is forwarded and gives it back when its
+answer ends, fails or its client leaves, so the sum of what is in the engine stays under
+its capacity; a streamed answer that outgrows its reservation grows it (``overrun``).
+``build_admission`` makes the gate from the settings (None when
+``TRIMPROXY_KV_ADMISSION=off``).
 """
 
 from __future__ import annotations
@@ -19,19 +21,24 @@ from proxy.admission.ledger import (
     MemoryLedger,
     Reservation,
 )
+from proxy.admission.need import Need
+from proxy.admission.overrun import AnswerWatch, asks_usage
 from proxy.metrics import Metrics
 from proxy.settings import Settings
 
 __all__ = [
     "WAIT_HEADER",
     "AdmissionTimeout",
+    "AnswerWatch",
     "Capacity",
     "EngineCache",
     "KvAdmission",
     "Ledger",
     "LedgerUnavailable",
     "MemoryLedger",
+    "Need",
     "Reservation",
+    "asks_usage",
     "build_admission",
     "parse_cache_config",
     "scaled",

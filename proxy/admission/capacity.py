@@ -32,7 +32,8 @@ class Capacity:
         """What a request of ``tokens`` costs: whole blocks, at most the whole capacity.
 
         A request larger than the capacity is charged all of it, so it runs alone
-        (see docs/admission.md) and ``reserved ≤ capacity`` holds at all times.
+        (see docs/admission.md) and ``reserved ≤ capacity`` holds, but for answers that
+        outgrew their reservation (``Reservation.grow``).
         """
         rounded = -(-max(tokens, 0) // self.block_size) * self.block_size
         return min(rounded, self.tokens)
@@ -44,6 +45,9 @@ class EngineCache:
 
     tokens: int
     block_size: int
+    shares_prompt: bool = True
+    """Prefix caching is on (vLLM's default; ``enable_prefix_caching="False"`` turns it
+    off): the ``n`` answers of one request share its prompt's full blocks."""
 
 
 def parse_cache_config(text: str) -> EngineCache | None:
@@ -55,6 +59,7 @@ def parse_cache_config(text: str) -> EngineCache | None:
     total = 0
     block = 0
     found = False
+    shares = True
     for labels in cache_config_labels(text):
         size = _positive_int(labels.get("block_size"))
         tokens = _positive_int(labels.get("kv_cache_size_tokens"))
@@ -68,8 +73,9 @@ def parse_cache_config(text: str) -> EngineCache | None:
         tokens -= size or 0
         total += tokens
         block = max(block, size or 1)
+        shares = shares and labels.get("enable_prefix_caching") != "False"
         found = True
-    return EngineCache(total, block) if found else None
+    return EngineCache(total, block, shares) if found else None
 
 
 def _positive_int(value: str | None) -> int | None:

@@ -1,8 +1,11 @@
 """The admit step of the chat route: reserve, or answer 429; and the capacity's source.
 
 ``KvAdmission`` wraps a ledger with what the route needs: the timeout, the metrics,
-the error a person can act on, and the capacity — fixed from the setting, or (``auto``)
-taken from each scrape of the upstream's ``/metrics`` (``observe_engine``).
+the error a person can act on, what a request's ``Need`` costs on this engine (its
+block size, whether its answers share the prompt), and the capacity — fixed from the
+setting, or (``auto``) taken from each scrape of the upstream's ``/metrics``
+(``observe_engine``). It knows nothing of which engine it stands for: one gate per
+engine, each fed that engine's scrapes.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Literal
 
 from proxy.admission.capacity import Capacity, EngineCache, scaled
 from proxy.admission.ledger import AdmissionTimeout, Ledger, LedgerUnavailable, Reservation
+from proxy.admission.need import Need
 from proxy.errors import ClientClosedRequest, Overloaded, SessionStoreUnavailable
 from proxy.metrics import Metrics
 from proxy.relay import CancelOnDisconnect
@@ -51,6 +55,9 @@ class KvAdmission:
         self.mode = mode
         self.fraction = fraction
         self.timeout = timeout
+        # Until the engine says otherwise (vLLM's cache_config_info), the n answers of a
+        # request are counted each with its own prompt: a transformers worker holds them so.
+        self.shares_prompt = False
         self._said_missing = False
         self._rejected = {
             reason: metrics.admission_rejected.labels(reason)
@@ -64,7 +71,10 @@ class KvAdmission:
         return self.ledger.capacity
 
     def observe_engine(self, cache: EngineCache | None) -> None:
-        """A scrape's figures (``auto``); None when the upstream published none."""
+        """A scrape's figures; None when the upstream published none. ``auto`` takes the
+        capacity from them; either mode learns whether the answers share the prompt."""
+        if cache is not None:
+            self.shares_prompt = cache.shares_prompt
         if self.mode != "auto":
             return
         if cache is None:
@@ -89,17 +99,28 @@ class KvAdmission:
 
     def _set(self, capacity: Capacity) -> None:
         self.ledger.set_capacity(capacity)
-        self.metrics.kv_capacity.inc(capacity.tokens - self._capacity_shown)
-        self._capacity_shown = capacity.tokens
-        if self._engine_capacity is not None:
+        if self._engine_capacity is None:
+            self.metrics.kv_capacity.set(capacity.tokens)
+        else:  # one of several engines' gates: its share of the total
+            self.metrics.kv_capacity.inc(capacity.tokens - self._capacity_shown)
+            self._capacity_shown = capacity.tokens
             self._engine_capacity.set(capacity.tokens)
 
-    async def admit(self, tokens: int) -> Reservation:
-        """Reserve ``tokens`` (prompt + completion reserve); 429 after the timeout.
+    def tokens(self, need: Need | int) -> int:
+        """What ``need`` costs on this engine: whole blocks, the prompt shared or not
+        (``Need.tokens``); a plain number of tokens is taken as it is."""
+        if isinstance(need, int):
+            return need
+        capacity = self.ledger.capacity
+        return need.tokens(capacity.block_size if capacity else 1, self.shares_prompt)
+
+    async def admit(self, need: Need | int) -> Reservation:
+        """Reserve what ``need`` can hold (``tokens``); 429 after the timeout.
 
         The caller releases the reservation when the answer ends however it ends; a
         cancelled wait (the client left) leaves the line on its own.
         """
+        tokens = self.tokens(need)
         try:
             reservation = await self.ledger.reserve(tokens, self.timeout)
         except AdmissionTimeout as exc:
@@ -121,25 +142,32 @@ class KvAdmission:
         if reservation.charge:
             gauge = self.metrics.kv_reserved
             gauge.inc(reservation.charge)
-            charge = reservation.charge
             own = self._engine_reserved
             if own is not None:
-                own.inc(charge)
+                own.inc(reservation.charge)
 
-            def give_back() -> None:
-                gauge.dec(charge)
+            def give_back(held: Reservation) -> None:  # grown or not
+                gauge.dec(held.charge)
                 if own is not None:
-                    own.dec(charge)
+                    own.dec(held.charge)
 
             reservation.then(give_back)
         return reservation
 
+    def grow(self, reservation: Reservation, tokens: int) -> None:
+        """Add ``tokens`` to a reservation whose answer outgrew it (``overrun``)."""
+        added = reservation.grow(tokens)
+        if added:
+            self.metrics.kv_reserved.inc(added)
+            if self._engine_reserved is not None:
+                self._engine_reserved.inc(added)
+
     async def admit_while_connected(
-        self, tokens: int, client_gone: asyncio.Future[None]
+        self, need: Need | int, client_gone: asyncio.Future[None]
     ) -> Reservation:
         """``admit``, given up (499, nothing held) when the client leaves while waiting."""
         with CancelOnDisconnect(client_gone) as watch:
-            return await self.admit(tokens)
+            return await self.admit(need)
         assert watch.fired  # only a disconnect ends the block without a return
         raise ClientClosedRequest("The client closed the connection while waiting for KV room.")
 

@@ -43,18 +43,25 @@ class Reservation:
     """One admitted request's tokens. ``release()`` is idempotent and never blocks.
 
     Also an async context manager (``async with await ledger.reserve(n): ...``).
-    ``waited`` is the seconds spent in the queue.
+    ``waited`` is the seconds spent in the queue. ``grow`` adds tokens to a reservation
+    whose answer outgrew it: at once, without waiting (the engine holds them already),
+    so the ledger may show more than its capacity until it ends, and newcomers wait.
     """
 
-    __slots__ = ("_after", "_on_release", "_released", "charge", "waited")
+    __slots__ = ("_after", "_on_grow", "_on_release", "_released", "charge", "waited")
 
     def __init__(
-        self, charge: int, waited: float, on_release: Callable[[Reservation], None] | None
+        self,
+        charge: int,
+        waited: float,
+        on_release: Callable[[Reservation], None] | None,
+        on_grow: Callable[[Reservation, int], None] | None = None,
     ) -> None:
         self.charge = charge
         self.waited = waited
         self._on_release = on_release
-        self._after: Callable[[], None] | None = None
+        self._on_grow = on_grow
+        self._after: Callable[[Reservation], None] | None = None
         self._released = False
 
     @property
@@ -65,14 +72,23 @@ class Reservation:
         if self._released:
             return
         self._released = True
+        self._on_grow = None
         if self._on_release is not None:
             callback, self._on_release = self._on_release, None
             callback(self)
         if self._after is not None:
             after, self._after = self._after, None
-            after()
+            after(self)
 
-    def then(self, callback: Callable[[], None]) -> None:
+    def grow(self, tokens: int) -> int:
+        """Hold ``tokens`` more; the tokens added (0 once released, or unmetered)."""
+        if tokens <= 0 or self._on_grow is None:
+            return 0
+        self._on_grow(self, tokens)
+        self.charge += tokens
+        return tokens
+
+    def then(self, callback: Callable[[Reservation], None]) -> None:
         """Run ``callback`` once, at release (the gate's gauge bookkeeping)."""
         self._after = callback
 
@@ -190,7 +206,10 @@ class MemoryLedger:
 
     def _grant(self, charge: int, waited: float) -> Reservation:
         self.reserved += charge
-        return Reservation(charge, waited, self._release)
+        return Reservation(charge, waited, self._release, self._grow)
+
+    def _grow(self, reservation: Reservation, tokens: int) -> None:
+        self.reserved += tokens
 
     def _release(self, reservation: Reservation) -> None:
         self.reserved -= reservation.charge

@@ -1,4 +1,4 @@
-"""The ledger shared by every worker and replica through Redis (DESIGN sections 9, 10).
+"""The ledger shared by every worker and replica through Redis (docs/architecture.md §11, §18).
 
 Keys, per upstream (``ns`` is a hash of its URL, so engines never share a ledger)::
 
@@ -15,7 +15,8 @@ head of the line (a replica that died while waiting blocks nobody for longer tha
 head and fits. A waiter asks again every ``poll_interval`` (at once when a
 reservation of this process ends). Time is Redis's ``TIME``, so replicas with skewed
 clocks agree. Live leases are refreshed every ``lease_ttl / 3`` by one background task,
-so a stream that runs for an hour keeps its reservation.
+so a stream that runs for an hour keeps its reservation. ``GROW`` adds to a reservation
+whose streamed answer outgrew it (never to one whose lease has gone).
 
 When Redis fails, ``RedisLedger`` answers from ``fallback``, a per-process
 ``MemoryLedger`` with this process's share of the capacity, for ``retry_interval``
@@ -99,6 +100,16 @@ end
 return 0
 """
 
+# KEYS: tokens. ARGV: ticket, tokens. Adds to a reservation still held (an expired
+# lease is not brought back); returns 1 if it was.
+GROW_LUA = """
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
+  redis.call('HINCRBY', KEYS[1], ARGV[1], ARGV[2])
+  return 1
+end
+return 0
+"""
+
 # KEYS: leases, tokens. ARGV: lease ms, tickets. Extends the leases still held;
 # returns how many were gone (expired while Redis was unreachable).
 REFRESH_LUA = """
@@ -153,6 +164,7 @@ class RedisLedger:
         self._acquire = self.client.register_script(ACQUIRE_LUA)
         self._release = self.client.register_script(RELEASE_LUA)
         self._refresh = self.client.register_script(REFRESH_LUA)
+        self._grow = self.client.register_script(GROW_LUA)
         self.fallback = fallback
         self.share = share
         self.failure = failure
@@ -211,7 +223,9 @@ class RedisLedger:
                     self._held[ticket] = charge
                     self._ensure_refresher()
                     waited = self.clock() - started if polls else 0.0
-                    return Reservation(charge, waited, self._on_release(ticket))
+                    return Reservation(
+                        charge, waited, self._on_release(ticket), self._on_grow(ticket)
+                    )
                 polls += 1
                 left = deadline - self.clock()
                 if left <= 0:
@@ -244,6 +258,22 @@ class RedisLedger:
                 self._spawn(self._leave([ticket]))
 
         return release
+
+    def _on_grow(self, ticket: str) -> Callable[[Reservation, int], None]:
+        def grow(_: Reservation, tokens: int) -> None:
+            if ticket in self._held:
+                self._held[ticket] += tokens
+                self._spawn(self._add(ticket, tokens))
+
+        return grow
+
+    async def _add(self, ticket: str, tokens: int) -> None:
+        try:
+            async with asyncio.timeout(self.timeout):
+                await self._grow(keys=self.keys[3:4], args=[ticket, tokens])
+        except _FAILURES as exc:
+            # Other replicas see less than the engine holds until this answer ends.
+            log.debug("growing a KV reservation failed: %s", exc)
 
     async def _leave(self, tickets: list[str]) -> None:
         try:

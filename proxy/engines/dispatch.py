@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import aiohttp
 from starlette.requests import Request
 
-from proxy.admission import Reservation
+from proxy.admission import Need, Reservation
 from proxy.chat import ChatRequest
 from proxy.dependencies import Services
 from proxy.engines.engine import Engine
@@ -67,15 +67,15 @@ async def send_chat(
     path: str,
     headers: dict[str, str],
     body: bytes,
-    tokens: int,
+    need: Need,
     client_gone: asyncio.Future[None],
     facts: RequestFacts,
 ) -> Sent:
-    """Forward the chat request (``tokens``: what it may hold in the KV cache) to its
+    """Forward the chat request (``need``: what it may hold in the KV cache) to its
     engine; cancels ``client_gone`` when it fails."""
     upstream = svc.upstream
     try:
-        order = upstream.order(routing_key(request, svc, chat), tokens)
+        order = upstream.order(routing_key(request, svc, chat), need.tokens())
     except BaseException:
         client_gone.cancel()
         raise
@@ -83,7 +83,7 @@ async def send_chat(
         reservation = None
         try:
             if engine.admission is not None:
-                reservation = await engine.admission.admit_while_connected(tokens, client_gone)
+                reservation = await engine.admission.admit_while_connected(need, client_gone)
             engine.in_flight += 1
             started = time.perf_counter()
             try:
@@ -94,8 +94,6 @@ async def send_chat(
         except ProxyError as exc:
             if reservation is not None:
                 reservation.release()
-            if exc.kind is not None:
-                svc.metrics.upstream_errors.labels(exc.kind).inc()
             if attempt == 0 and len(order) > 1 and connection_failed(exc):
                 log.info("engine %s refused; retrying on %s", engine.label, order[1].label)
                 continue
@@ -107,8 +105,6 @@ async def send_chat(
                 reservation.release()
             client_gone.cancel()
             raise
-        if response.status >= 500:
-            svc.metrics.upstream_errors.labels("http_5xx").inc()
         facts.engine = engine.label
         return Sent(response, engine, reservation, started)
     raise AssertionError("unreachable: the last attempt returns or raises")

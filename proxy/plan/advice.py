@@ -3,6 +3,9 @@
 * Each session may hold ``(usable_blocks // N) x block_size`` tokens (whole blocks; the
   null block is never handed out), so ``TRIMPROXY_MAX_PROMPT_TOKENS`` is that, capped
   at ``--max-model-len``, minus the completion reserve.
+* ``TRIMPROXY_MAX_COMPLETION_TOKENS`` is the completion reserve too: the cap that holds
+  every answer to the room the budget leaves it (a request without ``max_tokens`` would
+  otherwise be let run to the context window), so the per-session arithmetic is a bound.
 * ``TRIMPROXY_KV_ADMISSION``: a request of ``t`` tokens takes ``cdiv(t, block_size)``
   blocks, at most ``t / block_size + 1``; so a ledger of ``(usable_blocks - N) x
   block_size`` tokens never asks the engine for more blocks than it has with N requests
@@ -24,7 +27,14 @@ from proxy.plan.kv import DTYPE_BYTES
 from proxy.plan.planner import Plan, replan
 from proxy.plan.worker import prefill_cost
 
-__all__ = ["fallbacks", "fastchat_advice", "fits", "prompt_budget", "recommended"]
+__all__ = [
+    "completion_cap",
+    "fallbacks",
+    "fastchat_advice",
+    "fits",
+    "prompt_budget",
+    "recommended",
+]
 
 #: The CUDA context and allocator slack of a transformers worker, per card.
 FASTCHAT_OVERHEAD = GIB
@@ -43,6 +53,12 @@ def prompt_budget(plan: Plan, sessions: int | None = None) -> int:
 
 def fits(plan: Plan) -> bool:
     return plan.capacity.starts and prompt_budget(plan) >= plan.inputs.completion_reserve
+
+
+def completion_cap(completion_reserve: int) -> int | None:
+    """The cap on max_tokens: the reserve each session's budget leaves its answer
+    (None for a reserve of 0, which no cap can be)."""
+    return completion_reserve or None
 
 
 def admission_capacity(plan: Plan) -> int:
@@ -120,6 +136,7 @@ def recommended(plan: Plan) -> dict[str, Any]:
         "TRIMPROXY_MAX_PROMPT_TOKENS": budget if budget >= 1 else None,
         "TRIMPROXY_CONTEXT_WINDOW": plan.capacity.max_model_len,
         "TRIMPROXY_DEFAULT_COMPLETION_RESERVE": plan.inputs.completion_reserve,
+        "TRIMPROXY_MAX_COMPLETION_TOKENS": completion_cap(plan.inputs.completion_reserve),
         "TRIMPROXY_KV_ADMISSION": admission_capacity(plan),
     }
     if plan.inputs.device == "cpu":

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.plan.advice import AVOID, fallbacks, fastchat_advice, fits, prompt_budget, recommended
+from proxy.plan.advice import (
+    AVOID,
+    completion_cap,
+    fallbacks,
+    fastchat_advice,
+    fits,
+    prompt_budget,
+    recommended,
+)
 from proxy.plan.capacity import GIB, cdiv
 from proxy.plan.engine import EngineFigures
 from proxy.plan.planner import Plan
@@ -105,6 +113,7 @@ def engine_report(engine: EngineFigures, sessions: int, completion_reserve: int)
             "TRIMPROXY_MAX_PROMPT_TOKENS": budget if budget >= 1 else None,
             "TRIMPROXY_CONTEXT_WINDOW": max_len,
             "TRIMPROXY_DEFAULT_COMPLETION_RESERVE": completion_reserve,
+            "TRIMPROXY_MAX_COMPLETION_TOKENS": completion_cap(completion_reserve),
             "TRIMPROXY_KV_ADMISSION": max(0, (usable - sessions) * engine.block_size),
             "vllm_args": ["--max-num-seqs", str(sessions)],
             "fastchat_args": [],

@@ -1,4 +1,4 @@
-"""Session limits (DESIGN section 4), one concept per module, imports running down:
+"""Session limits (docs/architecture.md §10), one concept per module, imports running down:
 
 * ``types``: the shared ``Literal`` types and the default session header.
 * ``identity``: who a request belongs to (``identify``) and the hashes of its

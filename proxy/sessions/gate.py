@@ -1,4 +1,4 @@
-"""The session step of the chat route (DESIGN section 4): identify the session, ask the
+"""The session step of the chat route (docs/architecture.md §10): identify the session, ask the
 store, apply the limit action, and name the response headers.
 
 ``build_sessions`` builds the gate from the settings, or nothing when no limit is set.

@@ -1,4 +1,4 @@
-"""Session store in Redis, shared by every replica (DESIGN sections 4 and 9).
+"""Session store in Redis, shared by every replica (docs/architecture.md §10, §18).
 
 Each request is one round trip: ``EVALSHA`` of a Lua script that reads the session,
 applies the rule of ``proxy.sessions.rule.decide`` and writes it back with its idle TTL.

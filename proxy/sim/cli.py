@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from proxy.sim.config import SimConfig
+from proxy.sim.config import TIMINGS, SimConfig
 
 #: The line printed (and flushed) once the sim listens; tools that start it wait for it.
 READY_PREFIX = "trimproxy-sim listening on "
@@ -89,6 +89,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="JSON",
         help="any SimConfig fields as one JSON object; wins over the flags (for tools)",
     )
+    add(
+        "--prefill-tokens-per-second",
+        type=float,
+        default=defaults.prefill_tokens_per_second,
+        help="prefill speed: uncached prompt tokens delay the first token; 0 = instant [0]",
+    )
+    add(
+        "--decode-batch-slowdown",
+        type=float,
+        default=defaults.decode_batch_slowdown,
+        help="fraction each other running sequence adds to the decode step [0]",
+    )
+    add(
+        "--timing",
+        choices=sorted(TIMINGS),
+        help="a preset of --delay-seconds, --prefill-tokens-per-second, --tokens-per-second "
+        "and --decode-batch-slowdown (gpu-7b: a 7-8B model on one GPU, a few times faster); "
+        "wins over those flags",
+    )
+    add(
+        "--no-prefix-caching",
+        action="store_true",
+        help="turn the prefix cache off (vLLM's --no-enable-prefix-caching)",
+    )
+    add(
+        "--preempt",
+        action="store_true",
+        help="vLLM's admission: start on the prompt's blocks and preempt the newest "
+        "sequence when the cache is full (default: reserve the whole length, never preempt)",
+    )
+    add(
+        "--engines",
+        type=int,
+        default=1,
+        help="independent engines in this process, on ports --port, --port+1, ... [1]",
+    )
     add("--record-limit", type=int, default=defaults.record_limit,
         help=f"requests kept for /_sim/requests [{defaults.record_limit}]")  # fmt: skip
 
@@ -103,12 +139,18 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         kv_blocks=args.kv_blocks,
         block_size=args.block_size,
         delay_seconds=args.delay_seconds,
+        prefill_tokens_per_second=args.prefill_tokens_per_second,
+        decode_batch_slowdown=args.decode_batch_slowdown,
+        prefix_caching=not args.no_prefix_caching,
+        preempt=args.preempt,
         legacy_metrics=args.legacy_metrics,
         error_style=args.error_style,
         strict_model=args.strict_model,
         record_limit=args.record_limit,
         api_key=args.api_key,
     )
+    if args.timing:
+        fields.update(TIMINGS[args.timing])
     if args.config_json:
         extra = json.loads(args.config_json)
         if not isinstance(extra, dict):
@@ -127,12 +169,14 @@ def _announce(url: str) -> None:
 def run_from_args(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
+        if args.engines < 1:
+            raise ValueError("--engines must be at least 1")
     except ValueError as exc:
         print(f"trimproxy sim: {exc}", file=sys.stderr)
         return 2
     from proxy.sim.server import run  # aiohttp.web only once the sim really starts
 
-    run(config, args.host, args.port, ready=_announce)
+    run(config, args.host, args.port, ready=_announce, engines=args.engines)
     return 0
 
 

@@ -19,11 +19,25 @@ RUNTIME_KNOBS = frozenset(
         "tokens_per_second",
         "completion_tokens",
         "delay_seconds",
+        "prefill_tokens_per_second",
+        "decode_batch_slowdown",
         "legacy_metrics",
         "error_style",
         "strict_model",
     }
 )
+
+
+#: ``--timing gpu-7b``: times shaped like a 7-8B model on one data-centre GPU, a few
+#: times faster so that demos and tests stay quick: a fixed 20 ms before the first
+#: token, prefill at 16k tokens/s, 100 tokens/s decode alone, each other running
+#: sequence slowing a step by 1.5 % (64 running: about twice as slow).
+TIMINGS: dict[str, dict[str, float]] = {
+    "none": {"delay_seconds": 0.0, "prefill_tokens_per_second": 0.0,
+             "tokens_per_second": 0.0, "decode_batch_slowdown": 0.0},
+    "gpu-7b": {"delay_seconds": 0.02, "prefill_tokens_per_second": 16000.0,
+               "tokens_per_second": 100.0, "decode_batch_slowdown": 0.015},
+}  # fmt: skip
 
 
 @dataclass
@@ -45,8 +59,23 @@ class SimConfig:
     #: KV-cache geometry: ``kv_blocks`` blocks of ``block_size`` tokens each.
     kv_blocks: int = 2048
     block_size: int = 16
-    #: Seconds to wait before the first byte of a generation answer (time to first token).
+    #: Seconds to wait before the first byte of a generation answer: the fixed part
+    #: of the time to first token (scheduling, the first forward pass).
     delay_seconds: float = 0.0
+    #: Prefill speed: the uncached prompt tokens take ``uncached / rate`` seconds
+    #: before the first token (and again when a preempted request is recomputed);
+    #: 0 prefills at once.
+    prefill_tokens_per_second: float = 0.0
+    #: How the decode interval ``1 / tokens_per_second`` grows with the batch: each
+    #: other running sequence adds this fraction of it (0.02: 50 running, twice as slow).
+    decode_batch_slowdown: float = 0.0
+    #: vLLM's automatic prefix caching (on by default in V1): full blocks of the
+    #: prompt found in the cache are not prefilled again (``blocks.py``).
+    prefix_caching: bool = True
+    #: vLLM's admission: start on the prompt's blocks, grow a block at a time,
+    #: preempt the newest sequence when none is free. Off: reserve the whole planned
+    #: length up front and never preempt (``kv.py``).
+    preempt: bool = False
     #: vLLM only: export ``vllm:gpu_cache_usage_perc`` (vLLM V0) instead of
     #: ``vllm:kv_cache_usage_perc`` (V1).
     legacy_metrics: bool = False
@@ -86,10 +115,23 @@ class SimConfig:
                 raise ValueError(f"{name} must be at least 1")
         if self.completion_tokens < 0:
             raise ValueError("completion_tokens must be >= 0")
-        if self.tokens_per_second < 0 or self.delay_seconds < 0:
-            raise ValueError("tokens_per_second and delay_seconds must be >= 0")
+        rates = ("tokens_per_second", "delay_seconds", "prefill_tokens_per_second",
+                 "decode_batch_slowdown")  # fmt: skip
+        for name in rates:
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
         if not self.model:
             raise ValueError("model must not be empty")
+
+    def prefill_seconds(self, tokens: int) -> float:
+        rate = self.prefill_tokens_per_second
+        return tokens / rate if rate > 0 and tokens > 0 else 0.0
+
+    def decode_interval(self, running: int) -> float:
+        """Seconds per generated token with ``running`` sequences in the batch."""
+        if self.tokens_per_second <= 0:
+            return 0.0
+        return (1.0 + self.decode_batch_slowdown * max(0, running - 1)) / self.tokens_per_second
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -45,6 +45,11 @@ class Plan:
     """Per choice: each of the ``options.n`` choices generates this many."""
     finish_reason: str
     options: ChatOptions = field(default_factory=ChatOptions)
+    #: The prompt's token ids, when the prefix cache needs them.
+    prompt_ids: list[int] | None = None
+    #: The assistant message the answer becomes in the next turn's prompt (one
+    #: plain-text choice only), so its blocks can be cached as vLLM caches them.
+    answer: str | None = None
 
 
 class Dialect:

@@ -40,6 +40,11 @@ def render_metrics(state: SimState) -> str:
          "Number of prefill tokens processed.", state.prompt_tokens_total),
         ("vllm:generation_tokens_total", "counter",
          "Number of generation tokens processed.", state.generation_tokens_total),
+        ("vllm:prefix_cache_queries_total", "counter",
+         "Prefix cache queries, in terms of number of queried tokens.",
+         state.kv.prefix_queries),
+        ("vllm:prefix_cache_hits_total", "counter",
+         "Prefix cache hits, in terms of number of cached tokens.", state.kv.prefix_hits),
     )  # fmt: skip
     lines: list[str] = []
     for name, kind, help_text, value in series:
@@ -48,9 +53,8 @@ def render_metrics(state: SimState) -> str:
         lines.append(f"{name}{{{labels}}} {float(value)!r}")
     if not cfg.legacy_metrics:
         # V1 publishes the cache geometry as an info-style gauge; KV admission's `auto`,
-        # `trimproxy plan --from-engine` and `trimproxy soak` read it. The sim queues a
-        # request that does not fit instead of preempting one, so its preemption
-        # counter is truthfully zero.
+        # `trimproxy plan --from-engine` and `trimproxy soak` read it. Preemptions
+        # happen only with `preempt` (kv.py); otherwise the counter stays zero.
         info = (
             f'block_size="{state.kv.block_size}",engine="0",'
             f'num_gpu_blocks="{state.kv.total_blocks}"'
@@ -61,6 +65,6 @@ def render_metrics(state: SimState) -> str:
             f"vllm:cache_config_info{{{info}}} 1.0",
             "# HELP vllm:num_preemptions_total Cumulative number of preemption from the engine.",
             "# TYPE vllm:num_preemptions_total counter",
-            f"vllm:num_preemptions_total{{{labels}}} 0.0",
+            f"vllm:num_preemptions_total{{{labels}}} {float(state.kv.preemptions)!r}",
         ]
     return "\n".join(lines) + "\n"

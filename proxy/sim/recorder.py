@@ -32,6 +32,12 @@ class Record:
     disconnected: bool = False
     #: The request target as it came off the wire (path and query, undecoded).
     raw_path: str = ""
+    #: Prompt tokens the prefix cache supplied (vLLM's ``cached_tokens``).
+    cached_tokens: int | None = None
+    #: The sim clock's seconds from receipt to the first generated token.
+    ttft_seconds: float | None = None
+    #: Times the request was preempted (``--preempt``) and recomputed.
+    preemptions: int = 0
 
     def as_json(self) -> dict[str, Any]:
         try:
@@ -61,6 +67,9 @@ class Record:
             "completion_tokens": self.completion_tokens,
             "disconnected": self.disconnected,
             "raw_path": self.raw_path,
+            "cached_tokens": self.cached_tokens,
+            "ttft_seconds": self.ttft_seconds,
+            "preemptions": self.preemptions,
         }
 
 

@@ -147,6 +147,12 @@ async def metrics(request: web.Request) -> web.StreamResponse:
     )
 
 
+async def reset_prefix_cache(request: web.Request) -> web.StreamResponse:
+    """vLLM's dev-mode ``POST /reset_prefix_cache``: forget every cached block.
+    ``{"success": false}`` while blocks are held by running requests, as vLLM says."""
+    return json_response({"success": request.app[STATE].kv.reset_prefix_cache()})
+
+
 async def tokenize(request: web.Request) -> web.StreamResponse:
     """vLLM ``POST /tokenize``: a chat (``messages``) or a plain ``prompt``."""
     state = request.app[STATE]

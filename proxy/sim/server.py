@@ -21,6 +21,7 @@ import orjson
 from aiohttp import web
 
 from proxy.sim import control, responses, routes
+from proxy.sim.clock import Clock
 from proxy.sim.config import SimConfig
 from proxy.sim.dialect import SimError
 from proxy.sim.state import RECORD, STATE, FailRule, SimState
@@ -99,10 +100,11 @@ async def _fail(request: web.Request, rule: FailRule) -> web.StreamResponse:
     return response
 
 
-def build_app(config: SimConfig) -> web.Application:
-    """The sim as an aiohttp application (``serve`` runs it; so can a test server)."""
+def build_app(config: SimConfig, clock: Clock | None = None) -> web.Application:
+    """The sim as an aiohttp application (``serve`` runs it; so can a test server).
+    ``clock`` replaces the wall clock (tests: ``clock.StepClock``)."""
     app = web.Application(middlewares=[_record_middleware], client_max_size=config.max_body_bytes)
-    app[STATE] = SimState(config)
+    app[STATE] = SimState(config, clock)
     router = app.router
     router.add_get("/v1/models", routes.models)
     router.add_post("/v1/chat/completions", routes.chat_completions)
@@ -112,6 +114,7 @@ def build_app(config: SimConfig) -> web.Application:
         router.add_get("/health", routes.health)
         router.add_get("/metrics", routes.metrics)
         router.add_post("/tokenize", routes.tokenize)
+        router.add_post("/reset_prefix_cache", routes.reset_prefix_cache)
         router.add_post("/v1/responses", responses.responses)
     else:
         router.add_post("/api/v1/token_check", routes.token_check)
@@ -126,23 +129,35 @@ async def serve(
     port: int = 8000,
     *,
     ready: Callable[[str], None] | None = None,
+    engines: int = 1,
 ) -> None:
     """Serve until cancelled. ``ready`` gets the base URL once the socket listens;
-    with ``port=0`` it carries the port the OS chose."""
-    runner = web.AppRunner(
-        build_app(config),
-        access_log=None,  # a log line per request would cost more than the answer
-        handler_cancellation=True,  # a client that leaves cancels its handler at once
-    )
-    await runner.setup()
+    with ``port=0`` it carries the port the OS chose.
+
+    ``engines`` > 1 serves that many independent engines (each its own prefix cache,
+    KV pool, queue and metrics, like separate vLLM servers) on ports ``port``,
+    ``port + 1``, ... (or each a free one with ``port=0``); ``ready`` gets each URL,
+    in order."""
+    if engines < 1:
+        raise ValueError("engines must be at least 1")
+    runners: list[web.AppRunner] = []
     try:
-        site = web.TCPSite(runner, host, port, backlog=1024)
-        await site.start()
-        if ready is not None:
-            ready(_bound_url(runner, host))
+        for index in range(engines):
+            runner = web.AppRunner(
+                build_app(config),
+                access_log=None,  # a log line per request would cost more than the answer
+                handler_cancellation=True,  # a client that leaves cancels its handler at once
+            )
+            await runner.setup()
+            runners.append(runner)
+            site = web.TCPSite(runner, host, port + index if port else 0, backlog=1024)
+            await site.start()
+            if ready is not None:
+                ready(_bound_url(runner, host))
         await asyncio.Event().wait()
     finally:
-        await runner.cleanup()
+        for runner in runners:
+            await runner.cleanup()
 
 
 def _bound_url(runner: web.AppRunner, host: str) -> str:
@@ -157,7 +172,8 @@ def run(
     port: int = 8000,
     *,
     ready: Callable[[str], None] | None = None,
+    engines: int = 1,
 ) -> None:
     """``serve`` for the command line: blocks; Ctrl-C stops it quietly."""
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(config, host, port, ready=ready))
+        asyncio.run(serve(config, host, port, ready=ready, engines=engines))

@@ -7,6 +7,7 @@ from typing import Any
 
 from aiohttp import web
 
+from proxy.sim.clock import Clock, WallClock
 from proxy.sim.config import SimConfig
 from proxy.sim.dialect import Dialect
 from proxy.sim.fastchat import FastChat
@@ -66,11 +67,12 @@ class FailRule:
 
 
 class SimState:
-    def __init__(self, config: SimConfig) -> None:
+    def __init__(self, config: SimConfig, clock: Clock | None = None) -> None:
         self.base_config = config
         self.config = config
+        self.clock: Clock = clock if clock is not None else WallClock()
         self.dialect: Dialect = dialect_for(config.dialect)
-        self.kv = KVCache(config.kv_blocks, config.block_size)
+        self.kv = KVCache(config.kv_blocks, config.block_size, preempt=config.preempt)
         self.recorder = Recorder(config.record_limit)
         self.fail_rules: list[FailRule] = []
         self.kv_usage_override: float | None = None
@@ -82,6 +84,7 @@ class SimState:
         self.disconnects = 0
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
+        self.kv.reset_counters()
 
     def reset(self) -> None:
         """Back to the start configuration, with nothing recorded (running requests
@@ -139,6 +142,10 @@ class SimState:
             "kv_usage": self.kv_usage(),
             "prompt_tokens_total": self.prompt_tokens_total,
             "generation_tokens_total": self.generation_tokens_total,
+            "prefix_cache_queries_total": self.kv.prefix_queries,
+            "prefix_cache_hits_total": self.kv.prefix_hits,
+            "prefix_cache_blocks": self.kv.pool.num_cached,
+            "preemptions_total": self.kv.preemptions,
             "config": self.config.as_dict(),
             "fail_next": [vars(rule).copy() for rule in self.fail_rules],
             "kv_usage_override": self.kv_usage_override,

@@ -159,3 +159,14 @@ def render(messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool) -
     if add_generation_prompt:
         parts.append(f"{IM_START}assistant\n")
     return "".join(parts)
+
+
+def answer_ids(prompt: Sequence[int], answer: str, bytes_per_token: int = 4) -> list[int]:
+    """The ids of ``prompt`` (ending in the generation prompt) followed by ``answer``
+    as the next turn renders it: ``<|im_start|>assistant\\n{answer}<|im_end|>\\n``."""
+    generation_text = len(_text_ids("assistant\n", bytes_per_token))
+    ids = list(prompt[:-generation_text])
+    ids.extend(_text_ids(f"assistant\n{answer}", bytes_per_token))
+    ids.append(IM_END_ID)
+    ids.extend(_text_ids("\n", bytes_per_token))
+    return ids

@@ -24,7 +24,7 @@ from proxy.sim.dialect import (
     rand_id,
 )
 from proxy.sim.options import ToolCall, logprobs_of, parse_options, pieces, tool_call_id
-from proxy.sim.tokenizer import prompt_tokens
+from proxy.sim.tokenizer import prompt_ids, prompt_tokens
 
 
 def _tokens(plan: Plan) -> list[str]:
@@ -141,16 +141,26 @@ class VLLM(Dialect):
         max_tokens = max_tokens_of(payload)
         if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
             raise self.invalid(cfg, "max_tokens: Input should be greater than or equal to 1")
-        prompt = prompt_tokens(
-            messages, add_generation_prompt=True, bytes_per_token=cfg.bytes_per_token
-        )
+        ids = None
+        if cfg.prefix_caching:
+            ids = prompt_ids(
+                messages, add_generation_prompt=True, bytes_per_token=cfg.bytes_per_token
+            )
+            prompt = len(ids)
+        else:
+            prompt = prompt_tokens(
+                messages, add_generation_prompt=True, bytes_per_token=cfg.bytes_per_token
+            )
         self._context_error(cfg, prompt, max_tokens)
         room = max_tokens if max_tokens is not None else cfg.max_model_len - prompt
         tokens = min(cfg.completion_tokens, room)
         finish = "length" if room <= cfg.completion_tokens else "stop"
         options = parse_options(payload, lambda message, param: self.error(
             cfg, 400, message, kind="BadRequestError", param=param))  # fmt: skip
-        return Plan(model, prompt, tokens, finish, options)
+        plan = Plan(model, prompt, tokens, finish, options, ids)
+        if ids is not None and options.n == 1 and options.tool_call is None:
+            plan.answer = "".join(_tokens(plan)).lstrip()
+        return plan
 
     def chat_body(self, plan: Plan, rid: str, created: int) -> bytes:
         options = plan.options

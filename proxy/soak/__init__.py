@@ -1,4 +1,4 @@
-"""``trimproxy soak``: the operator's KV-memory check (DESIGN section 10).
+"""``trimproxy soak``: the operator's KV-memory check (docs/architecture.md §19).
 
 Seeded multi-turn conversations run for a fixed time (or a fixed number of turns)
 against the proxy and, with ``--compare``, against the engine itself, arm after arm,

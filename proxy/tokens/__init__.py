@@ -1,4 +1,4 @@
-"""Token counters behind the ``TokenCounter`` Protocol (DESIGN section 5).
+"""Token counters behind the ``TokenCounter`` Protocol (docs/architecture.md §8).
 
 ``build_counter`` picks the backend named by ``TRIMPROXY_TOKENIZER``; a backend that
 cannot load raises ``ConfigError`` (a ``ValueError``) with a one-line message.

@@ -101,9 +101,7 @@ class AutoCounter:
         self.name = counter.name
         self.exact = counter.exact
         self.additive = counter.additive
-        # proxy.floor reads it when a counter has one.
-        chars = getattr(counter, "max_token_chars", None)
-        self.max_token_chars = chars if isinstance(chars, int) else None
+        self.max_token_chars = counter.max_token_chars
 
     async def count(
         self,

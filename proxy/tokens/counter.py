@@ -1,4 +1,4 @@
-"""The one shape every token backend has (DESIGN section 5).
+"""The one shape every token backend has (docs/architecture.md §8).
 
 Backends are swappable behind this Protocol, the way httpx swaps transports: the
 request path only ever sees ``TokenCounter`` and the ``PromptCount`` it returns.
@@ -25,6 +25,13 @@ class TokenCounter(Protocol):
     name: str
     exact: bool
     additive: bool
+
+    @property
+    def max_token_chars(self) -> int | None:
+        """The most characters one token covers, when the counter knows it (its
+        vocabulary's longest entry); None when it does not. The cheap floor
+        (``proxy.floor``) divides a prompt's length by it."""
+        ...
 
     async def count(
         self,

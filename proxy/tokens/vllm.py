@@ -55,6 +55,8 @@ class VllmCounter:
     name = "upstream"
     exact = True
     additive = False
+    #: The upstream's vocabulary is not known here.
+    max_token_chars = None
 
     def __init__(
         self,

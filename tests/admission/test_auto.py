@@ -12,7 +12,7 @@ import fcntl
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -30,8 +30,10 @@ class FakeEngine:
     def __init__(self) -> None:
         self.blocks: int | None = 192
         self.block_size = 32
+        self.scrapes = 0
 
     async def metrics(self, request: web.Request) -> web.Response:
+        self.scrapes += 1
         lines = ['vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.0']
         if self.blocks is not None:
             lines.append(
@@ -68,6 +70,13 @@ async def engine() -> AsyncIterator[tuple[FakeEngine, str]]:
     port = runner.addresses[0][1]
     yield fake, f"http://127.0.0.1:{port}"
     await runner.cleanup()
+
+
+async def until(check: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.02)
 
 
 async def capacity_becomes(proxy: InProcessProxy, value: float, timeout: float = 5.0) -> None:
@@ -109,7 +118,8 @@ async def test_auto_without_figures_is_off_and_says_so_once(
         proxy = await app_proxy(
             upstream=url, tokenizer="approx", kv_admission="auto", upstream_metrics_interval=0.05
         )
-        await asyncio.sleep(0.4)  # several scrapes
+        scraped = fake.scrapes
+        await until(lambda: fake.scrapes >= scraped + 4)  # several scrapes
         chat = {"model": "m", "max_tokens": 90_000, "messages": [{"role": "user", "content": "x"}]}
         response = await proxy.client.post("/v1/chat/completions", json=chat)
     assert response.status_code == 200  # admission is off: nothing to wait for

@@ -50,6 +50,15 @@ async def eventually(check: Callable[[], bool], timeout: float = 5.0) -> None:
         await asyncio.sleep(0.01)
 
 
+def in_line(redis_server: RedisServer, ledger: RedisLedger) -> int:
+    """Tickets waiting in the shared line (the ledger's queue in Redis)."""
+    client = redis_server.client()
+    try:
+        return int(client.zcard(ledger.keys[0]))
+    finally:
+        client.close()
+
+
 def reserved_in_redis(redis_server: RedisServer, ledger: RedisLedger) -> int:
     client = redis_server.client()
     try:
@@ -71,14 +80,14 @@ async def test_two_replicas_share_one_capacity(ledgers: Factory, redis_server: R
     await eventually(lambda: reserved_in_redis(redis_server, a) == 0)
 
 
-async def test_fifo_across_replicas(ledgers: Factory) -> None:
+async def test_fifo_across_replicas(ledgers: Factory, redis_server: RedisServer) -> None:
     """A large request in line on one replica is not passed by small ones on another."""
     a, b = ledgers(), ledgers()
     held = await a.reserve(600, 1)
     big = asyncio.ensure_future(a.reserve(950, 10))
-    await asyncio.sleep(0.2)  # in line
+    await eventually(lambda: in_line(redis_server, a) == 1)  # in line
     small = asyncio.ensure_future(b.reserve(100, 10))  # would fit beside `held`
-    await asyncio.sleep(0.3)
+    await eventually(lambda: in_line(redis_server, a) == 2)  # in line behind it
     assert not big.done() and not small.done()
     held.release()
     first = await asyncio.wait_for(big, 5)
@@ -95,9 +104,10 @@ async def test_a_dead_replicas_lease_expires(ledgers: Factory, redis_server: Red
     dead._refresher.cancel()  # a dead process refreshes nothing
     dead._held.clear()  # and releases nothing at close
     alive = ledgers(lease_ttl=0.5)
-    began = time.monotonic()
     reservation = await alive.reserve(1000, 5)
-    assert time.monotonic() - began >= 0.3  # it had to wait for the lease to run out
+    # All of the capacity, and the dead replica released nothing: Redis dropped its
+    # lease (1000 + 1000 would be in the ledger otherwise).
+    assert reserved_in_redis(redis_server, alive) == 1000
     reservation.release()
     assert not kept.released
 
@@ -115,7 +125,7 @@ async def test_a_dead_waiter_at_the_head_blocks_nobody_for_long(
     finally:
         client.close()
     waiter = asyncio.ensure_future(a.reserve(500, 10))  # behind the ghost
-    await asyncio.sleep(0.1)
+    await eventually(lambda: in_line(redis_server, a) == 2)
     held.release()
     (await asyncio.wait_for(waiter, 5)).release()
 

@@ -116,9 +116,12 @@ async def test_a_request_larger_than_the_capacity_is_served_alone(
     assert await reserved(proxy) == 0
 
 
+def metrics_text(proxy: ProxyProcess) -> str:
+    return httpx.get(f"{proxy.url}/metrics", timeout=5).text
+
+
 def process_reserved(proxy: ProxyProcess) -> float:
-    text = httpx.get(f"{proxy.url}/metrics", timeout=5).text
-    return metric_value(text, "trimproxy_kv_reserved_tokens")
+    return metric_value(metrics_text(proxy), "trimproxy_kv_reserved_tokens")
 
 
 def wait_until(check: Callable[[], bool], timeout: float = 5.0) -> None:
@@ -155,10 +158,17 @@ def test_a_client_that_leaves_releases(
     if stream:
         assert b"data:" in running.recv(4096)  # the stream is flowing
     waiting = open_raw(proxy, payload)  # no room: it waits in line
-    time.sleep(0.3)
+    wait_until(lambda: metric_value(metrics_text(proxy), "trimproxy_requests_in_flight") == 2)
     assert process_reserved(proxy) > 600  # one request's prompt + 600
     waiting.close()  # leaves the line
-    time.sleep(0.3)
+    wait_until(  # the proxy saw it leave before the running one frees its room
+        lambda: (
+            metric_value(
+                metrics_text(proxy), "trimproxy_admission_rejected_total", reason="client_closed"
+            )
+            == 1
+        )
+    )
     running.close()  # leaves mid-answer
     wait_until(lambda: process_reserved(proxy) == 0)
     text = httpx.get(f"{proxy.url}/metrics", timeout=5).text

@@ -141,7 +141,7 @@ def test_long_streams_finish_before_the_pod_is_killed() -> None:
 def test_probes_hit_real_routes_and_outwait_readyz() -> None:
     from proxy.routes import routes
 
-    paths = {route.path for route in routes}
+    paths = {route.path for route in routes()}
     container = proxy_container()
     settings = proxy_settings()
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):

@@ -173,8 +173,8 @@ def test_long_conversation_stays_in_budget_where_fastchat_alone_fails(
             else:
                 assert dropped > 0 and forwarded < full, (turn, full, forwarded, dropped)
                 trimmed_turns.append(turn)
-            # DESIGN §3: the system message stays and whole turns go, oldest first; here
-            # every turn is one user + one assistant message, so the forwarded prompt is
+            # docs/architecture.md §6: the system message stays and whole turns go, oldest
+            # first; here every turn is one user + one assistant message, so the forwarded prompt is
             # the system message plus the history after the dropped ones. Its count
             # checks the header on streamed turns too (FastChat streams no usage).
             assert dropped % 2 == 0, (turn, dropped)
@@ -214,8 +214,8 @@ def test_session_turn_limit_resets_on_real_traffic(
                 stream=turn in (2, 5),
                 headers={"X-Session-ID": "e2e-session-a"},
             )
-            # DESIGN §4: with a limit of 3, turns 1-3 pass, turn 4 resets and counts as
-            # turn 1 of the new session; turn 7 resets again.
+            # docs/architecture.md §10: with a limit of 3, turns 1-3 pass, turn 4 resets and
+            # counts as turn 1 of the new session; turn 7 resets again.
             resets = turn in (4, 7)
             if resets:
                 reset_at = len(history) - 1

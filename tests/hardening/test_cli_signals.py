@@ -1,4 +1,4 @@
-"""Issue 11, the CLI part: ``kill -TERM`` of ``serve --demo`` stops its sim too, and
+"""The CLI: ``kill -TERM`` of ``serve --demo`` stops its sim too, and
 a tokenizer that cannot be loaded is one clear line and exit 2."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The cheap floor of item 11 is a floor: never above what the counters count.
+"""The cheap floor (docs/architecture.md §7) is a floor: never above what the counters count.
 
 If it were, a request that fits would be refused. Checked by property against the
 tiny model's own tokenizer (``hf``) and ``approx`` on text built from words,
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.floor import floor_over, max_token_chars, prompt_floor, size_floor
+from proxy.floor import floor_over, prompt_floor, size_floor
 from proxy.tokens.approx import ApproxCounter
 from proxy.tokens.hf import HFCounter
 from proxy.trimming import split_turns
@@ -52,7 +52,7 @@ def test_floor_never_exceeds_the_hf_count(
     hf_counter: HFCounter, pairs: list[tuple[str, str]]
 ) -> None:
     messages = as_messages(pairs)
-    longest = max_token_chars(hf_counter)
+    longest = hf_counter.max_token_chars
     assert longest is not None
     counted = asyncio.run(hf_counter.count(messages)).total
     assert prompt_floor(messages, longest) <= counted
@@ -63,14 +63,14 @@ def test_floor_never_exceeds_the_hf_count(
 def test_floor_never_exceeds_the_approx_count(pairs: list[tuple[str, str]]) -> None:
     counter = ApproxCounter()
     messages = as_messages(pairs)
-    longest = max_token_chars(counter)
+    longest = counter.max_token_chars
     assert longest is not None
     counted = asyncio.run(counter.count(messages)).total
     assert prompt_floor(messages, longest) <= counted
 
 
 def test_floor_of_a_huge_message_is_far_over_any_window(hf_counter: HFCounter) -> None:
-    longest = max_token_chars(hf_counter)
+    longest = hf_counter.max_token_chars
     assert longest is not None
     huge: list[Message] = [{"role": "user", "content": "lorem ipsum dolor " * (6 << 16)}]
     assert prompt_floor(huge, longest) > 131072

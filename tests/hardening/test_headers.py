@@ -1,4 +1,4 @@
-"""Issue 11 item 12: which client headers travel upstream.
+"""Which client headers travel upstream.
 
 * headers the client's ``Connection`` header names are hop-by-hop (RFC 9110 7.6.1)
   and dropped, like ``Connection`` itself;

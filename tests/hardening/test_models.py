@@ -1,4 +1,4 @@
-"""Issue 11 item 3: nothing a client names in ``model`` grows the proxy's memory.
+"""Nothing a client names in ``model`` grows the proxy's memory.
 
 The proxy learns the served models from the upstream's ``/v1/models`` (bounded,
 refreshed), so a request for an unknown name neither adds a cache entry nor costs

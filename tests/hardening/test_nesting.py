@@ -1,4 +1,4 @@
-"""Issue 11 item 7 (and the sim half of 12): JSON nested 256-1024 levels deep.
+"""JSON nested 256-1024 levels deep.
 
 orjson reads 1024 levels but writes fewer than 255, so a proxy that re-serialises
 such a body fails. Each body here is valid JSON; the proxy must forward it byte for
@@ -78,7 +78,7 @@ def test_deep_json_is_forwarded_byte_exactly_or_refused(
 def check(client: httpx.Client, sim: SimUpstream, body: bytes, case: str) -> None:
     answer = client.post(CHAT, content=body, headers={"content-type": "application/json"})
     assert answer.status_code != 500, (case, answer.text)
-    received = sim.chat_requests()  # the sim's listing answers too (item 12)
+    received = sim.chat_requests()  # the sim's listing answers too
     if answer.status_code >= 400:
         assert 400 <= answer.status_code < 500, case
         error = answer.json()["error"]

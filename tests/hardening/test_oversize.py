@@ -1,4 +1,4 @@
-"""Issue 11 item 11: a message that cannot fit is refused before it is tokenized.
+"""The floor (docs/architecture.md §7): a message that cannot fit is refused before it is tokenized.
 
 The bound: a token covers at most as many characters as the vocabulary's longest
 token, so ``characters / longest`` tokens is a floor on any message's count. When

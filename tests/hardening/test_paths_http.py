@@ -1,4 +1,4 @@
-"""Issue 11 items 1, 2 and 10 through a real proxy: one path rule for every route."""
+"""The path rule (docs/architecture.md §3) through a real proxy: one rule for every route."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 11 items 4, 9 and part of 12: clients that stall or leave hold nothing.
+"""Serving limits (docs/architecture.md §16): clients that stall or leave hold nothing.
 
 * a body that stalls is answered 408 after ``TRIMPROXY_BODY_TIMEOUT``;
 * a request counts against ``TRIMPROXY_MAX_IN_FLIGHT`` (and in the in-flight gauge)
@@ -79,10 +79,10 @@ def test_half_sent_headers_are_closed_after_the_header_timeout(
     proxy = proxy_server(tokenizer="approx", header_timeout=1, idle_timeout=30)
     with open_socket(proxy.url, timeout=20) as sock:
         sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: proxy\r\n")
-        started = time.monotonic()
-        # The proxy closes the connection: recv returns b"" (it does not time out).
+        # The proxy closes the connection: recv returns b"" (it does not time out). The
+        # socket's 20 s timeout is a hang guard, under the idle timeout (30 s), so only
+        # the header timeout can have closed it.
         assert read_all(sock) == b""
-        assert time.monotonic() - started < 15
     with open_socket(proxy.url, timeout=20) as sock:  # nothing sent at all
         assert read_all(sock) == b""
 
@@ -103,9 +103,7 @@ def test_the_header_timeout_holds_for_every_request_of_a_kept_alive_connection(
             assert answer.startswith(b"HTTP/1.1 200"), answer
             time.sleep(0.5)
         sock.sendall(b"GET /healthz HTTP/1.1\r\nhost: proxy\r\n")
-        started = time.monotonic()
-        assert read_all(sock) == b""
-        assert time.monotonic() - started < 15
+        assert read_all(sock) == b""  # closed before the 20 s guard and the 30 s idle timeout
 
 
 def test_idle_keep_alive_connections_are_closed(

@@ -140,3 +140,36 @@ async def test_the_openai_sdk_raises_bad_request_with_the_code(
             )
     assert caught.value.code == "context_length_exceeded"
     assert LITELLM_CONTEXT_PHRASE in str(caught.value).lower()
+
+
+async def test_a_pinned_first_turn_is_not_in_the_refusal(
+    app_proxy: StartApp, sim_upstream: SimUpstream
+) -> None:
+    # TRIMPROXY_PIN_FIRST_USER keeps the first turn while it fits; it is no part of
+    # what the request needs, so the 400 names the system message and the last turn.
+    proxy = await app_proxy(tokenizer="upstream", max_prompt_tokens=90, pin_first_user=True)
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "first " * 40},
+        {"role": "assistant", "content": "noted"},
+        {"role": "user", "content": "middle"},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "last " * 80},
+    ]
+    pinned = tok.prompt_tokens([messages[0], *messages[1:3], messages[-1]],
+                               add_generation_prompt=True)  # fmt: skip
+    assert 90 < least(messages) < pinned
+    r = await proxy.client.post(CHAT, json={"model": "sim-model", "messages": messages})
+    match = OPENAI_SHAPE.match(error_of(r)["message"])
+    assert match is not None
+    assert (int(match.group(1)), match.group(2), int(match.group(3))) == (
+        90, None, least(messages)
+    )  # fmt: skip
+    assert not sim_upstream.chat_requests()
+    # At exactly that budget it is forwarded, the pin given up.
+    fits = await app_proxy(tokenizer="upstream", max_prompt_tokens=least(messages),
+                           pin_first_user=True)  # fmt: skip
+    r = await fits.client.post(CHAT, json={"model": "sim-model", "messages": messages})
+    assert r.status_code == 200, r.text
+    assert r.headers["x-trimproxy-prompt-tokens"] == str(least(messages))
+    assert r.headers["x-trimproxy-trimmed-messages"] == "4"

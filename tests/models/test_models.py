@@ -134,6 +134,9 @@ async def test_models_is_the_union_of_the_upstreams_lists(
     listed = await proxy.client.get("/v1/models")
     assert listed.status_code == 200
     assert [m["id"] for m in listed.json()["data"]] == ["alpha"]
+    # ... and the one that failed is counted, as every failure of a forwarded request.
+    scrape = parse(await proxy.client.get("/metrics"))
+    assert scrape.value("trimproxy_upstream_errors_total", kind="connect") == 1
 
 
 async def test_without_a_file_models_passes_through(app_proxy: StartApp) -> None:

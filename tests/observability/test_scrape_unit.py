@@ -14,6 +14,7 @@ from proxy.metrics import Metrics
 from proxy.scrape import UpstreamScraper, next_delay, parse_stats
 from proxy.settings import Settings
 from proxy.upstream import Upstream
+from tests.support.clock import SteppedSleep
 
 VLLM_V1 = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -192,37 +193,44 @@ async def test_background_task_backs_off_while_the_upstream_has_nothing(
     upstream: FakeEngine, client: Upstream
 ) -> None:
     upstream.status = 404
-    scraper = UpstreamScraper(client, Metrics(), 0.05)
+    sleep = SteppedSleep()
+    scraper = UpstreamScraper(client, Metrics(), 0.05, sleep=sleep)
     scraper.start()
-    await asyncio.sleep(1.0)
+    await sleep.rounds(3)
     await scraper.stop()
-    # 0.05 s apart would be ~20 scrapes; doubling from 0.05 s: 0, 0.1, 0.3, 0.7.
-    assert 2 <= upstream.hits <= 5
+    # One scrape a round, each round's sleep twice the last: 4 scrapes in 1.5 s, not 30.
+    assert upstream.hits == 4
+    assert sleep.slept == [0.1, 0.2, 0.4, 0.8]
     upstream.status = 200
     upstream.hits = 0
-    scraper = UpstreamScraper(client, Metrics(), 0.05)
+    sleep = SteppedSleep()
+    scraper = UpstreamScraper(client, Metrics(), 0.05, sleep=sleep)
     scraper.start()
-    await asyncio.sleep(0.5)
+    await sleep.rounds(5)
     await scraper.stop()
-    assert upstream.hits >= 6
+    assert upstream.hits == 6
+    assert sleep.slept == [0.05] * 6
 
 
 async def test_only_the_lock_holder_scrapes(
     upstream: FakeEngine, client: Upstream, tmp_path: Path
 ) -> None:
     lock = str(tmp_path / "upstream-scraper.lock")
-    first = UpstreamScraper(client, Metrics(), 0.05, lock_path=lock)
+    first_sleep, second_sleep = SteppedSleep(), SteppedSleep()
+    first = UpstreamScraper(client, Metrics(), 0.05, lock_path=lock, sleep=first_sleep)
     second_metrics = Metrics()
-    second = UpstreamScraper(client, second_metrics, 0.05, lock_path=lock)
+    second = UpstreamScraper(client, second_metrics, 0.05, lock_path=lock, sleep=second_sleep)
     first.start()
-    await asyncio.sleep(0.2)
+    await first_sleep.parked()  # it took the lock and scraped
     second.start()
-    await asyncio.sleep(0.3)
+    await second_sleep.rounds(2)
     # The second never scraped: its gauge still has the value it was created with.
+    assert upstream.hits == 1
     assert value(second_metrics, "trimproxy_upstream_kv_cache_usage_ratio") == 0
     await first.stop()  # releases the lock; the second takes over
-    await asyncio.sleep(0.3)
+    await second_sleep.rounds(1)
     await second.stop()
+    assert upstream.hits == 2
     assert value(second_metrics, "trimproxy_upstream_kv_cache_usage_ratio") == 0.75
     assert value(second_metrics, "trimproxy_upstream_metrics_up") == 1
 
@@ -232,12 +240,15 @@ async def test_a_malformed_metrics_page_is_a_failed_scrape(
 ) -> None:
     upstream.body = 'vllm:kv_cache_usage_perc{engine="0" 0.5\n'
     metrics = Metrics()
-    scraper = UpstreamScraper(client, metrics, 0.05)
+    sleep = SteppedSleep()
+    scraper = UpstreamScraper(client, metrics, 0.05, sleep=sleep)
     assert not await scraper.scrape_once()
     assert value(metrics, "trimproxy_upstream_metrics_up") == 0
     scraper.start()  # and the background task lives on through it
-    await asyncio.sleep(0.3)
+    await sleep.rounds(2)
+    assert sleep.slept == [0.1, 0.2, 0.4]  # three more failed scrapes, backing off
     upstream.body = VLLM_V1
-    await asyncio.sleep(1.2)  # backed off to 0.4 s by now: one more scrape at most 0.8 s away
+    await sleep.rounds(1)
     await scraper.stop()
+    assert sleep.slept[-1] == 0.05  # a good scrape resets the backoff
     assert value(metrics, "trimproxy_upstream_kv_cache_usage_ratio") == 0.75

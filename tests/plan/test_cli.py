@@ -75,6 +75,18 @@ def test_human_output_is_a_table_per_gpu_and_the_advice() -> None:
     assert "fallbacks, in order" in out.stdout
 
 
+def test_the_completion_cap_is_the_reserve_the_budget_leaves_the_answer() -> None:
+    out = plan(str(CONFIGS / "llama-3-8b.json"), "--completion-reserve", "700", "--json")
+    assert out.returncode == 0, out.stderr
+    rec = json.loads(out.stdout)["recommended"]
+    assert rec["TRIMPROXY_MAX_COMPLETION_TOKENS"] == rec["TRIMPROXY_DEFAULT_COMPLETION_RESERVE"]
+    assert rec["TRIMPROXY_MAX_COMPLETION_TOKENS"] == 700
+    text = plan(str(CONFIGS / "llama-3-8b.json"), "--completion-reserve", "700").stdout
+    lines = text.splitlines()
+    cap = lines.index("  TRIMPROXY_MAX_COMPLETION_TOKENS=700")
+    assert lines[cap - 1] == "  TRIMPROXY_DEFAULT_COMPLETION_RESERVE=700"  # side by side
+
+
 @pytest.mark.parametrize(
     ("content", "field"),
     [
@@ -161,6 +173,7 @@ def test_from_engine_reads_the_engines_figures(engine: tuple[str, list[str | Non
     # 191 usable blocks // 4 sessions = 47 blocks = 1,504 tokens, minus 512 reserve.
     assert report["recommended"]["TRIMPROXY_MAX_PROMPT_TOKENS"] == 992
     assert report["recommended"]["TRIMPROXY_KV_ADMISSION"] == (191 - 4) * 32
+    assert report["recommended"]["TRIMPROXY_MAX_COMPLETION_TOKENS"] == 512
     assert f"Bearer {KEY}" in seen
 
 

@@ -1,4 +1,4 @@
-"""Every error row of DESIGN section 7, one test each, through the app in-process."""
+"""Every error row of docs/architecture.md §14, one test each, through the app in-process."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Fuzzing a running proxy + sim with hypothesis-made paths and bodies (issue 11).
+"""Fuzzing a running proxy + sim with hypothesis-made paths and bodies.
 
 Every answer must be one of: forwarded unchanged (the sim received the client's
 bytes), trimmed by the rules (the sim received a subsequence of the messages that

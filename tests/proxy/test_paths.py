@@ -13,7 +13,7 @@ from proxy.paths import BadPath, is_forwarded, normalise, route
 
 CHAT = "/v1/chat/completions"
 
-# The bypasses and escapes of issue 11, items 1 and 2.
+# The bypasses and escapes the path rule refuses (docs/architecture.md §3).
 BYPASSES = [
     "/v1/./chat/completions",
     "/v1/chat/./completions",

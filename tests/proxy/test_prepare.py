@@ -14,12 +14,12 @@ import orjson
 import pytest
 from starlette.requests import Request
 
-from proxy.chat import parse_chat
+from proxy.chat import ChatRequest, parse_chat
 from proxy.dependencies import Services
 from proxy.errors import ContextLengthExceeded, SessionTurnLimit
 from proxy.logs import RequestFacts
 from proxy.metrics import Metrics
-from proxy.prepare import PROMPT_TOKENS, TRIMMED_MESSAGES, Prepared, budget_for, prepare
+from proxy.prepare import PROMPT_TOKENS, TRIMMED_MESSAGES, Prepared, limit_for, prepare
 from proxy.sessions.gate import build_sessions
 from proxy.tokens import ApproxCounter
 from proxy.tokens.counter import TokenCounter
@@ -40,6 +40,7 @@ class TenEach:
 
     name = "ten-each"
     exact = True
+    max_token_chars = None
 
     def __init__(self, penalty: int = 0) -> None:
         self.penalty = penalty
@@ -161,6 +162,11 @@ async def test_over_the_budget_whole_turns_go_and_the_body_is_rebuilt(upstream: 
     assert sample(svc, "trimproxy_trim_events_total", {"reason": "budget"}) == 1
 
 
+async def budget_for(svc: Services, chat: ChatRequest) -> int | None:
+    limit = await limit_for(svc, chat)
+    return None if limit is None else limit.budget
+
+
 async def test_the_budget_keeps_one_token_of_slack(upstream: Upstream) -> None:
     svc = services(upstream, context_window=1000, default_completion_reserve=100)
     chat = parse_chat(orjson.dumps({"messages": conversation(0)}))
@@ -217,3 +223,17 @@ async def test_a_session_rejection_still_names_its_session(upstream: Upstream) -
     with pytest.raises(SessionTurnLimit):
         await prepare(parse_chat(raw), raw, request(headers), svc, facts)
     assert facts.session_id == "bob"
+
+
+async def test_a_non_additive_refusal_names_the_recounted_least(upstream: Upstream) -> None:
+    # The least kept (system + last) sums to 22 but recounts to 22 + 25: over 40, the
+    # refusal says 47, the tokens the upstream would see; under 50 it is forwarded.
+    svc = services(upstream, TenEach(penalty=25), max_prompt_tokens=40)
+    with pytest.raises(ContextLengthExceeded) as info:
+        await run(svc, conversation(3))
+    assert info.value.needed == 2 * PER_MESSAGE + 2 + 25
+    assert "resulted in 47 tokens" in info.value.message
+    prepared, _, _ = await run(services(upstream, TenEach(penalty=25), max_prompt_tokens=50),
+                               conversation(3))  # fmt: skip
+    assert prepared.forwarded_tokens == 47
+    assert [m["content"] for m in orjson.loads(prepared.body)["messages"]] == ["Be brief.", "last"]

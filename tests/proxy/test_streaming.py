@@ -4,7 +4,6 @@ server: chunks relayed as they are generated, and client disconnects."""
 from __future__ import annotations
 
 import socket
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -61,18 +60,21 @@ def test_stream_chunks_arrive_as_generated_not_buffered(
     proxy_server: StartProxy, sim_upstream: SimUpstream
 ) -> None:
     proxy = proxy_server(tokenizer="approx")
-    sim_upstream.configure(tokens_per_second=10, completion_tokens=10)
-    body = {"model": "sim-model", "messages": history(1), "stream": True, "max_tokens": 10}
-    arrivals = []
-    start = time.monotonic()
+    sim_upstream.configure(tokens_per_second=10, completion_tokens=100)
+    body = {"model": "sim-model", "messages": history(1), "stream": True, "max_tokens": 100}
+    chunks = 0
     with httpx.stream("POST", f"{proxy.url}/v1/chat/completions", json=body, timeout=10) as r:
         assert r.headers["content-type"].startswith("text/event-stream")
         for line in r.iter_lines():
             if line.startswith("data: {"):
-                arrivals.append(time.monotonic() - start)
-    # Ten tokens at 10/s: the first arrives long before the last.
-    assert len(arrivals) >= 10
-    assert arrivals[-1] - arrivals[0] > 0.6
+                chunks += 1
+                # Ordered, not timed: each chunk is here while the sim is still generating
+                # the rest (100 tokens at 10/s); a buffering proxy would send none before
+                # the end.
+                state = sim_upstream.state()
+                assert state["running"] == 1 and state["completed"] == 0, (chunks, state)
+            if chunks == 3:
+                break
 
 
 @pytest.mark.parametrize("stream", [True, False])
@@ -95,10 +97,12 @@ def test_client_disconnect_closes_the_upstream_at_once(
     sim_upstream.wait_for_state(lambda s: s["running"] == 1, timeout=5)
     if stream:
         assert b"data:" in sock.recv(4096)  # the stream is flowing
-    left = time.monotonic()
     sock.close()
+    # Waited on, not timed: the sim's record says the request ended by the disconnect,
+    # long (50 s) before its answer would have.
     state = sim_upstream.wait_for_state(
-        lambda s: s["disconnects"] == 1 and s["running"] == 0, timeout=1.5
+        lambda s: s["disconnects"] == 1 and s["running"] == 0, timeout=30.0
     )
-    assert time.monotonic() - left < 1.5
     assert state["kv_used_blocks"] == 0
+    (record,) = sim_upstream.chat_requests()
+    assert record["disconnected"] is True and record["completion_tokens"] < 200

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -297,27 +298,36 @@ async def test_a_big_new_message_leaves_the_event_loop_free(
     counter = hf_counter(deepseek_dir)
     text = " ".join(f"word{i} 数据{i % 97}" for i in range(30_000))  # far from any cache
     messages = [{"role": "user", "content": text}]
-    gaps: list[float] = []
-    done = asyncio.Event()
+    # The real encode, made to wait for the event loop: it ends only when the loop,
+    # running meanwhile, says so (an encode on the loop's thread fails at once; no
+    # stopwatch on the loop's gaps).
+    loop_thread = threading.current_thread()
+    calls: list[tuple[int, bool]] = []  # (characters, on the loop's thread)
+    loop_ran = threading.Event()
+    encode_runs = counter.runs._encode_runs
 
-    async def ticker() -> None:
-        last = asyncio.get_running_loop().time()
-        while not done.is_set():
-            await asyncio.sleep(0.002)
-            now = asyncio.get_running_loop().time()
-            gaps.append(now - last)
-            last = now
+    def watched(runs: list[tuple[str, bool]]) -> list[int]:
+        on_loop = threading.current_thread() is loop_thread
+        calls.append((sum(len(chunk) for chunk, _ in runs), on_loop))
+        if not on_loop:
+            assert loop_ran.wait(10.0), "the event loop was blocked while encoding"
+        return encode_runs(runs)
 
-    tick = asyncio.create_task(ticker())
-    start = asyncio.get_running_loop().time()
-    got = await counter.count(messages)
-    took = asyncio.get_running_loop().time() - start
-    done.set()
-    await tick
+    async def release_from_the_loop() -> None:
+        while not any(not on_loop for _, on_loop in calls):
+            await asyncio.sleep(0.001)
+        loop_ran.set()
+
+    counter.runs._encode_runs = watched  # type: ignore[method-assign]
+    releaser = asyncio.create_task(release_from_the_loop())
+    try:
+        got = await counter.count(messages)
+    finally:
+        releaser.cancel()
+        counter.runs._encode_runs = encode_runs  # type: ignore[method-assign]
     assert got.total == await asyncio.to_thread(reference, counter, messages)
-    # The encode ran in a thread: the loop kept ticking through it (a blocked loop
-    # would stall for the whole encode; a busy shared machine adds some scheduling).
-    assert max(gaps) < max(0.05, took / 3), (took, max(gaps))
+    big = [on_loop for chars, on_loop in calls if chars >= len(text)]
+    assert big == [False], calls  # the big message was encoded off the loop, once
 
 
 @pytest.fixture
