@@ -235,10 +235,15 @@ class Settings(BaseSettings):
             )
         return joined(entries)
 
-    @field_validator("kv_admission")
+    @field_validator("kv_admission", mode="before")
     @classmethod
-    def _check_kv_admission(cls, value: str) -> str:
-        value = value.strip().lower()
+    def _check_kv_admission(cls, raw: object) -> str:
+        # A number in the models file (kv_admission = 4096) is as good as the string.
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            raw = str(raw)
+        if not isinstance(raw, str):
+            raise ValueError("expected off, auto, or a positive number of tokens")
+        value = raw.strip().lower()
         if value in ("off", "auto") or (value.isdigit() and int(value) > 0):
             return value
         raise ValueError("expected off, auto, or a positive number of tokens")
