@@ -275,11 +275,9 @@ class Metrics:
             registry=r,
             multiprocess_mode="mostrecent",
         )
-        self.engine_requests = Counter(
-            "trimproxy_engine_requests",
-            "Requests forwarded to each engine.",
-            ["engine"],
-            registry=r,
+        # On every forwarded request: a plain number in one process (proxy.series).
+        self.engine_requests = counter_family(
+            plain, "trimproxy_engine_requests", "Requests forwarded to each engine.", ("engine",), r
         )
         self.engine_prefix_hit_ratio = Gauge(
             "trimproxy_engine_prefix_cache_hit_ratio",
