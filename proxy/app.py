@@ -57,6 +57,8 @@ def create_app(
             raise
         # Each engine's labels, ledger, scraper; each upstream's health prober.
         fleet = build_fleet(metrics, table)
+        for upstream in fleet.upstreams():
+            await upstream.start_discovery()  # dns+http:// upstreams: their engines now
         fleet.start()
         app.state.services = _services(settings, metrics, table, sessions)
         log.info("trimproxy ready: upstream %s, tokenizer %s", settings.upstream_url, counter.name)

@@ -13,7 +13,8 @@ from typing import Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from proxy.engines.urls import joined, parse_upstream
+from proxy.engines.discovery import parse_dns_url, split_nameserver
+from proxy.engines.urls import DNS_PREFIX, joined, parse_upstream
 from proxy.sessions.types import DEFAULT_SESSION_HEADER, LimitAction, StoreFailure
 
 ENV_PREFIX = "TRIMPROXY_"
@@ -212,6 +213,17 @@ class Settings(BaseSettings):
         description="Seconds between health probes (GET /v1/models) of each engine; an engine "
         "out of the rotation is probed with backoff up to this interval.",
     )
+    upstream_refresh: float = Field(
+        10.0,
+        gt=0,
+        description="Seconds between DNS lookups of a dns+http://NAME:PORT upstream, whose "
+        "every A/AAAA record is an engine: engines join and leave within one refresh.",
+    )
+    dns_nameserver: str | None = Field(
+        None,
+        description="HOST or HOST:PORT of the DNS server that resolves dns+http:// upstreams; "
+        "none uses the system's resolver configuration (/etc/resolv.conf).",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         "info", description="Log level of the proxy's own logs."
     )
@@ -228,12 +240,22 @@ class Settings(BaseSettings):
         if not isinstance(value, (str, list, tuple)):
             raise ValueError("expected a URL, a comma-separated list of URLs, or a list of them")
         entries = parse_upstream(value)
-        if any(e.dns for e in entries):
+        if any(e.dns for e in entries) and len(entries) > 1:
             raise ValueError(
-                "dns+ (DNS discovery of engines) is not available in this build; "
-                "list the engines' URLs, comma-separated"
+                "a dns+ URL names every engine of the upstream by itself: give it alone, "
+                "or list the engines' URLs comma-separated without it"
             )
+        if entries[0].dns:
+            parse_dns_url(DNS_PREFIX + entries[0].url)  # DiscoveryError is a ValueError
         return joined(entries)
+
+    @field_validator("dns_nameserver")
+    @classmethod
+    def _check_nameserver(cls, value: str | None) -> str | None:
+        if value is not None and value.strip():
+            split_nameserver(value)
+            return value.strip()
+        return None
 
     @field_validator("kv_admission", mode="before")
     @classmethod

@@ -26,6 +26,7 @@ import orjson
 from yarl import URL
 
 import proxy
+from proxy.engines.discovery import Discovery, DnsResolver, parse_dns_url
 from proxy.engines.engine import Engine
 from proxy.engines.pool import EngineList, StaticEngines
 from proxy.engines.routing import Router
@@ -166,9 +167,15 @@ class Upstream:
         (``trimproxy_upstream_errors_total{kind}``); None counts nothing."""
         self.base_url = settings.upstream_url
         """The setting as written (one URL, or several comma-separated)."""
-        self.engines: EngineList = (
-            engines if engines is not None else StaticEngines(settings.upstream_url.split(","))
-        )
+        self.discovery: Discovery | None = None
+        """The DNS lookups of a ``dns+http://`` upstream (``start_discovery``)."""
+        name = parse_dns_url(settings.upstream_url)
+        if engines is None:
+            engines = StaticEngines([] if name else settings.upstream_url.split(","))
+        self.engines: EngineList = engines
+        if name is not None:
+            resolver = DnsResolver(settings.dns_nameserver)
+            self.discovery = Discovery(name, resolver, settings.upstream_refresh, engines.replace)
         self.router = Router(settings.routing, settings.routing_load_factor)
         self.health_interval = settings.health_interval
         self._said: set[tuple[str, str]] = set()
@@ -610,7 +617,17 @@ class Upstream:
             return Readiness(True, f"GET /v1/models answered HTTP {exc.status}")
         return Readiness(True, "GET /v1/models answered HTTP 200")
 
+    async def start_discovery(self) -> None:
+        """A ``dns+http://`` upstream's first lookup (awaited: the engines are known when
+        the proxy starts serving), then its refresh loop. A failed first lookup starts
+        with no engine (503 ``no_engine_available``) and keeps asking."""
+        if self.discovery is not None:
+            await self.discovery.resolve_once()
+            self.discovery.start()
+
     async def aclose(self) -> None:
+        if self.discovery is not None:
+            await self.discovery.stop()
         await self._session.close()
 
 

@@ -40,12 +40,15 @@ class Fleet:
         self._probers: list[Prober] = []
         self._tasks: set[asyncio.Task[None]] = set()
 
+    def upstreams(self) -> list[Upstream]:
+        return [upstream for upstream, _ in self._upstreams]
+
     def start(self) -> None:
         for upstream, settings in self._upstreams:
             for engine in upstream.engines.all():
                 self._attach(upstream, settings, engine)
             upstream.engines.subscribe(self._listener(upstream, settings))
-            if len(upstream.engines.all()) > 1:
+            if len(upstream.engines.all()) > 1 or upstream.discovery is not None:
                 prober = Prober(upstream, settings.ready_timeout)
                 prober.start()
                 self._probers.append(prober)

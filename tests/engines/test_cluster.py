@@ -8,7 +8,6 @@ the engines' own request records and the proxy's access log.
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,8 +17,8 @@ import httpx
 import pytest
 
 from tests.observability.promtext import parse
-from tests.support.processes import LoggedProcess, ProxyProcess, child_env, free_port
-from tests.support.sim import SIM_READY_PREFIX, SimUpstream, start_sim_thread
+from tests.support.processes import ProxyProcess, free_port
+from tests.support.sim import SimProcess, SimUpstream, start_sim_thread
 
 SETTINGS = {"upstream_metrics_interval": 0, "tokenizer": "approx", "health_interval": 0.5}
 
@@ -79,38 +78,6 @@ def test_round_robin_spreads_one_session(sims: list[SimUpstream]) -> None:
     assert [len(sessions_seen(s)) for s in sims] == [2, 2, 2]
     assert [m["id"] for m in models["data"]] == ["sim-model"]
     assert ready["engines"] == 3 and ready["engines_up"] == 3
-
-
-class SimProcess:
-    """A sim in a child process on a fixed port, so it can be killed and restarted."""
-
-    def __init__(self, workdir: Path, port: int) -> None:
-        self.workdir, self.port = workdir, port
-        self.url = f"http://127.0.0.1:{port}"
-        self.proc: LoggedProcess | None = None
-
-    def start(self) -> None:
-        config = json.dumps({"dialect": "vllm"})
-        args = [sys.executable, "-m", "proxy.sim", "--host", "127.0.0.1",
-                "--port", str(self.port), "--config-json", config]  # fmt: skip
-        self.proc = LoggedProcess(
-            args, child_env(), self.workdir, f"sim-{self.port}-{time.time_ns()}"
-        )
-        deadline = time.monotonic() + 15
-        while SIM_READY_PREFIX not in self.proc.logs():
-            assert self.proc.alive() and time.monotonic() < deadline, self.proc.logs()
-            time.sleep(0.02)
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.process.kill()  # SIGKILL
-        self.proc.process.wait()
-        self.proc = None
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.stop()
-            self.proc = None
 
 
 def access_engines(proxy: ProxyProcess) -> list[dict[str, Any]]:
