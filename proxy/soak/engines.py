@@ -90,10 +90,11 @@ def _column(rows: Sequence[Any], samples: Sequence[Sample], engines: Sequence[st
         if waiting and any(w for _, w in waiting):
             load_ax.plot(*zip(*waiting, strict=True), color=colors[name], linewidth=1.0,
                          linestyle="--", label=f"{name} waiting")  # fmt: skip
-    for name, curve in hit_ratio_curves(samples, engines).items():
-        if curve:
-            hit_ax.plot(*zip(*curve, strict=True), color=colors.get(name, _CLUSTER),
-                        linewidth=2.0 if not name else 1.2,
+    curves = hit_ratio_curves(samples, engines)
+    for name in (*engines, ""):  # the cluster last, on top, dashed: one engine hides it not
+        if curves[name]:
+            hit_ax.plot(*zip(*curves[name], strict=True), color=colors.get(name, _CLUSTER),
+                        linewidth=1.2, linestyle="--" if not name else "-",
                         label=name or "cluster")  # fmt: skip
     kv_ax.set_ylim(0, 105)
     hit_ax.set_ylim(0, 1.05)
