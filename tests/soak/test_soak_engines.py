@@ -131,3 +131,20 @@ async def test_the_proxys_upstream_names_each_engine() -> None:
     assert await resolve_engines("http://10.0.0.1:8000,http://10.0.0.1:8000") == [
         "http://10.0.0.1:8000"
     ]
+
+
+def test_the_engines_come_from_the_proxys_readyz(
+    tmp_path: Path, engines: tuple[SimUpstream, ...]
+) -> None:
+    # A proxy that routes over both engines: no --engine-metrics, the soak finds both
+    # through /readyz, and session routing spreads the lanes over them.
+    pytest.importorskip("proxy.engines.routing", reason="this proxy routes to one engine")
+    a, b = engines
+    with ProxyProcess({"upstream_url": f"{a.url},{b.url}"}) as proxy:
+        done = run_soak(tmp_path / "readyz", "--model", "sim-model", "--target", proxy.url,
+                        "--conversations", "6", "--turns", "3", "--turn-tokens", "40",
+                        "--max-tokens", "16")  # fmt: skip
+    assert done.rc == 0, done.output
+    per_engine = done.summary["target"]["engines"]
+    assert list(per_engine) == [name(a), name(b)]
+    assert all(e["prefix_cache_queries"] > 0 for e in per_engine.values()), per_engine
