@@ -287,6 +287,14 @@ class Metrics:
             registry=r,
             multiprocess_mode="mostrecent",
         )
+        self.engine_preemptions = Gauge(
+            "trimproxy_engine_preemptions",
+            "Each engine's own count of preemptions since it started "
+            "(vllm:num_preemptions_total, scraped).",
+            ["engine"],
+            registry=r,
+            multiprocess_mode="mostrecent",
+        )
         self.engine_kv_usage = Gauge(
             "trimproxy_engine_kv_cache_usage_ratio",
             "Each engine's KV-cache usage (0..1), scraped from its /metrics.",

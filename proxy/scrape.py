@@ -33,6 +33,7 @@ from proxy.settings import Settings
 from proxy.upstream import Upstream, UpstreamCallFailed
 from proxy.vllm_metrics import (
     KV_USAGE_NAMES,
+    PREEMPTIONS,
     PREFIX_HITS,
     PREFIX_QUERIES,
     RUNNING,
@@ -44,7 +45,7 @@ from proxy.vllm_metrics import (
 log = logging.getLogger("trimproxy.scrape")
 
 KV_NAMES = KV_USAGE_NAMES
-_WANTED = (*KV_NAMES, RUNNING, WAITING, PREFIX_HITS, PREFIX_QUERIES)
+_WANTED = (*KV_NAMES, RUNNING, WAITING, PREFIX_HITS, PREFIX_QUERIES, PREEMPTIONS)
 # Only these families reach the parser: a scrape costs the event loop a string
 # scan rather than milliseconds of parsing (see proxy/vllm_metrics.py).
 _LINE_PREFIXES = line_prefixes(_WANTED)
@@ -75,6 +76,7 @@ class UpstreamStats:
     waiting: float | None
     prefix_hits: float | None = None
     prefix_queries: float | None = None
+    preemptions: float | None = None
 
     @property
     def prefix_hit_ratio(self) -> float | None:
@@ -100,7 +102,8 @@ def parse_stats(text: str) -> UpstreamStats:
     waiting = sum(values[WAITING]) if WAITING in values else None
     hits = sum(values[PREFIX_HITS]) if PREFIX_HITS in values else None
     queries = sum(values[PREFIX_QUERIES]) if PREFIX_QUERIES in values else None
-    return UpstreamStats(kv, running, waiting, hits, queries)
+    preemptions = sum(values[PREEMPTIONS]) if PREEMPTIONS in values else None
+    return UpstreamStats(kv, running, waiting, hits, queries, preemptions)
 
 
 class UpstreamScraper:
@@ -131,6 +134,7 @@ class UpstreamScraper:
             metrics.engine_running.labels(label),
             metrics.engine_waiting.labels(label),
             metrics.engine_prefix_hit_ratio.labels(label),
+            metrics.engine_preemptions.labels(label),
         )
         self._sleep = sleep
         self._on_engine = on_engine
@@ -209,7 +213,7 @@ class UpstreamScraper:
         if stats.kv_cache_usage is None:
             return self._fail("no_kv_metric", 200)
         self._engine.stats = stats
-        kv, running, waiting, hit_ratio = self._gauges
+        kv, running, waiting, hit_ratio, preemptions = self._gauges
         kv.set(stats.kv_cache_usage)
         if stats.running is not None:
             running.set(stats.running)
@@ -217,6 +221,8 @@ class UpstreamScraper:
             waiting.set(stats.waiting)
         if stats.prefix_hit_ratio is not None:
             hit_ratio.set(stats.prefix_hit_ratio)
+        if stats.preemptions is not None:
+            preemptions.set(stats.preemptions)
         self._export_aggregate()
         if self._state != "ok":
             log.info("exporting the upstream's KV-cache usage from %s", self._url)

@@ -34,7 +34,7 @@ _ENGINE_GAUGES = {
     "capacity": ("trimproxy_engine_kv_capacity_tokens", "trimproxy_kv_capacity_tokens"),
     "up": ("trimproxy_engine_up", "trimproxy_upstream_metrics_up"),
     "hit_ratio": ("trimproxy_engine_prefix_cache_hit_ratio", ""),
-    "preemptions": ("trimproxy_engine_preemptions_total", ""),
+    "preemptions": ("trimproxy_engine_preemptions", ""),
     "requests": ("trimproxy_engine_requests_total", ""),
 }
 

@@ -21,6 +21,8 @@ trimproxy_engine_kv_reserved_tokens{engine="127.0.0.2:8000"} 1200.0
 trimproxy_engine_kv_capacity_tokens{engine="127.0.0.2:8000"} 6144.0
 # TYPE trimproxy_engine_prefix_cache_hit_ratio gauge
 trimproxy_engine_prefix_cache_hit_ratio{engine="127.0.0.2:8000"} 0.618
+# TYPE trimproxy_engine_preemptions gauge
+trimproxy_engine_preemptions{engine="127.0.0.2:8000"} 3.0
 # TYPE trimproxy_engine_requests counter
 trimproxy_engine_requests_total{engine="127.0.0.2:8000"} 40.0
 trimproxy_engine_requests_total{engine="127.0.0.3:8000"} 2.0
@@ -47,7 +49,7 @@ def test_engine_labelled_series_give_one_row_each() -> None:
     assert sorted(snap.engines) == ["127.0.0.2:8000", "127.0.0.3:8000"]
     first = snap.engines["127.0.0.2:8000"]
     assert (first.up, first.kv_usage, first.reserved, first.capacity) == (1.0, 0.25, 1200, 6144)
-    assert (first.hit_ratio, first.requests) == (0.618, 40.0)
+    assert (first.hit_ratio, first.requests, first.preemptions) == (0.618, 40.0, 3.0)
     assert snap.engines["127.0.0.3:8000"].up == 0.0
     assert snap.requests_by_code == {"200": 45.0, "502": 2.0}
     assert (snap.trims, snap.session_resets) == (7.0, 3.0)

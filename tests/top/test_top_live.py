@@ -60,7 +60,7 @@ def metric(text: str, name: str) -> float:
 
 
 def test_once_prints_what_metrics_says(proxy: tuple[ProxyProcess, SimUpstream]) -> None:
-    proc, _ = proxy
+    proc, sim = proxy
     converse(proc.url, conversations=3, turns=6)
     out = subprocess.run(
         [sys.executable, "-m", "proxy.cli", "top", proc.url, "--once"],
@@ -76,8 +76,9 @@ def test_once_prints_what_metrics_says(proxy: tuple[ProxyProcess, SimUpstream]) 
     assert requests - 1 <= shown <= requests
     assert f"trims {int(trims)}" in said
     assert "received: p50 <= " in out and "forwarded: p50 <= " in out
-    rows = [line.split() for line in out.splitlines() if line.startswith("upstream ")]
-    assert rows and rows[0][1] == "yes"  # the sim's /metrics scraped
+    engine = sim.url.removeprefix("http://")  # its row: the engine label, host:port
+    rows = [line.split() for line in out.splitlines() if line.startswith(engine + " ")]
+    assert rows and rows[0][1] == "yes", out  # in the rotation
 
 
 def _screen(session: str) -> str:
@@ -86,7 +87,8 @@ def _screen(session: str) -> str:
 
 
 def test_the_live_screen_under_load(proxy: tuple[ProxyProcess, SimUpstream]) -> None:
-    proc, _ = proxy
+    proc, sim = proxy
+    engine = sim.url.removeprefix("http://")
     session = f"trimproxy-top-{proc.port}"
     command = f"{sys.executable} -m proxy.cli top {proc.url} --interval 0.5"
     subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "160", "-y", "30",
@@ -104,7 +106,7 @@ def test_the_live_screen_under_load(proxy: tuple[ProxyProcess, SimUpstream]) -> 
             time.sleep(0.2)
         load.join()
         assert "trimproxy top" in seen and "hit ratio" in seen and "kv use" in seen
-        assert any(line.startswith("upstream ") and "yes" in line for line in seen.splitlines())
+        assert any(line.startswith(engine + " ") and " yes " in line for line in seen.splitlines())
         rates = [line for line in seen.splitlines() if line.startswith("requests ")]
         assert rates and "/s" in rates[0] and not rates[0].startswith("requests 0/s"), seen
         assert "received: p50 <= " in seen
