@@ -94,8 +94,8 @@ starts() {
 # down, that a container of image $1 may have (the other kind held low meanwhile).
 largest_limit() {
   local image=$1 kind=$2 n=$3 other=nproc
-  [ "$kind" = nproc ] && other=nofile
-  [ "$n" = unlimited ] && n=1048576
+  if [ "$kind" = nproc ]; then other=nofile; fi
+  if [ "$n" = unlimited ]; then n=1048576; fi
   while [ "$n" -ge 1024 ]; do
     starts "$image" --ulimit "$kind=$n:$n" --ulimit "$other=1024:1024" && { echo "$n"; return; }
     n=$((n / 2))
@@ -105,9 +105,10 @@ largest_limit() {
 
 configure_ulimits() {
   local image=$1 nofile nproc
-  starts "$image" && return
-  configured_elsewhere default_ulimits \
-    && fail "podman cannot start a container (\`podman run --rm $image true\`) with the default_ulimits set in /etc/containers"
+  if starts "$image"; then return; fi
+  if configured_elsewhere default_ulimits; then
+    fail "podman cannot start a container (\`podman run --rm $image true\`) with the default_ulimits set in /etc/containers"
+  fi
   nofile=$(largest_limit "$image" nofile "$(ulimit -Hn)")
   nproc=$(largest_limit "$image" nproc "$(ulimit -Hu)")
   ULIMIT_SETTINGS=$'[containers]\n'"default_ulimits = [\"nofile=$nofile:$nofile\", \"nproc=$nproc:$nproc\"]"$'\n'
