@@ -77,10 +77,16 @@ async def drive(
     conversations: int = 8,
     turns: int = 4,
     user_words: int = 220,
-    max_tokens: int = MAX_TOKENS,
+    max_tokens: int | None = MAX_TOKENS,
     headers: dict[str, str] | None = None,
+    n: int = 1,
+    stream: bool = False,
 ) -> LoadResult:
-    """``conversations`` at once, each ``turns`` requests long, its history growing."""
+    """``conversations`` at once, each ``turns`` requests long, its history growing.
+
+    ``max_tokens`` None sends none (with ``ignore_eos`` the answer runs to the context
+    window); ``n`` asks for that many answers, the first one goes into the history.
+    """
     result = LoadResult(wall_s=0.0)
 
     async def one(client: httpx.AsyncClient, c: int) -> None:
@@ -90,20 +96,28 @@ async def drive(
             body: dict[str, Any] = {
                 "model": model,
                 "messages": messages,
-                "max_tokens": max_tokens,
                 "ignore_eos": True,
-                "temperature": 0.0,
+                "temperature": 0.0 if n == 1 else 0.8,
+                "n": n,
+                "stream": stream,
             }
+            if max_tokens is not None:
+                body["max_tokens"] = max_tokens
             began = time.perf_counter()
-            response = await client.post("/v1/chat/completions", json=body)
+            if stream:
+                response, reply = await _streamed(client, body)
+            else:
+                response = await client.post("/v1/chat/completions", json=body)
+                reply = ""
+                if response.status_code == 200:
+                    reply = response.json()["choices"][0]["message"]["content"] or ""
             result.latencies_s.append(time.perf_counter() - began)
             result.statuses[response.status_code] = result.statuses.get(response.status_code, 0) + 1
             if "x-trimproxy-admission-wait-ms" in response.headers:
                 result.waited += 1
-            if response.status_code != 200:
-                result.first_error = result.first_error or response.text[:300]
+            if response.status_code != 200 or reply is None:
+                result.first_error = result.first_error or response.text[:300] or "cut stream"
                 return
-            reply = response.json()["choices"][0]["message"]["content"] or ""
             messages.append({"role": "assistant", "content": reply})
 
     began = time.perf_counter()
@@ -111,6 +125,26 @@ async def drive(
         await asyncio.gather(*(one(client, c) for c in range(conversations)))
     result.wall_s = time.perf_counter() - began
     return result
+
+
+async def _streamed(
+    client: httpx.AsyncClient, body: dict[str, Any]
+) -> tuple[httpx.Response, str | None]:
+    """A streamed request: the response and the first answer's text (None: cut short)."""
+    parts: list[str] = []
+    done = False
+    async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+        if response.status_code != 200:
+            await response.aread()
+            return response, ""
+        async for line in response.aiter_lines():
+            if line == "data: [DONE]":
+                done = True
+            elif line.startswith("data: {"):
+                for choice in json.loads(line[6:]).get("choices", []):
+                    if choice.get("index") == 0:
+                        parts.append(choice.get("delta", {}).get("content") or "")
+    return response, "".join(parts) if done else None
 
 
 def group_cpu_seconds(pgid: int) -> float:

@@ -13,8 +13,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 import proxy
-from proxy.admission import KvAdmission, build_admission
 from proxy.dependencies import Services
+from proxy.engines.fleet import build_fleet
 from proxy.errors import ProxyError, envelope
 from proxy.logs import setup_logging
 from proxy.metrics import Metrics
@@ -23,7 +23,6 @@ from proxy.models import ModelRoute, ModelRoutes, build_routes, load_models
 from proxy.openapi import DESCRIPTION
 from proxy.relay import RelayAborted, quiet_relay_aborts
 from proxy.routes import ChatRoute, error_response, routes
-from proxy.scrape import build_scraper
 from proxy.sessions.gate import Sessions, build_sessions
 from proxy.settings import Settings
 from proxy.types import JSON_MEDIA_TYPE
@@ -48,7 +47,7 @@ def create_app(
         # One upstream per distinct URL, one counter per (tokenizer, upstream): the
         # top level's, and those of the models file (proxy.models).
         table = await build_routes(settings, load_models(settings), count_upstream_error)
-        upstream, counter = table.default.upstream, table.default.counter
+        counter = table.default.counter
         try:
             sessions = build_sessions(settings, metrics)  # None: no session limit is set
             if sessions is not None:
@@ -56,24 +55,21 @@ def create_app(
         except BaseException:
             await table.aclose()
             raise
-        admission = build_admission(settings, metrics)  # None: TRIMPROXY_KV_ADMISSION=off
-        app.state.services = _services(settings, metrics, table, sessions, admission)
+        # Each engine's labels, ledger, scraper; each upstream's health prober.
+        fleet = build_fleet(metrics, table)
+        for upstream in fleet.upstreams():
+            await upstream.start_discovery()  # dns+http:// upstreams: their engines now
+        fleet.start()
+        app.state.services = _services(settings, metrics, table, sessions)
         log.info("trimproxy ready: upstream %s, tokenizer %s", settings.upstream_url, counter.name)
-        on_engine = admission.observe_engine if admission is not None else None
-        scraper = build_scraper(settings, upstream, metrics, on_engine)
-        if scraper is not None:
-            scraper.start()
         if serving:
             settle_heap()
         try:
             yield
         finally:
-            if scraper is not None:
-                await scraper.stop()
+            await fleet.aclose()
             if sessions is not None:
                 await sessions.aclose()
-            if admission is not None:
-                await admission.aclose()
             metrics.close()
             await table.aclose()
 
@@ -133,7 +129,6 @@ def _services(
     metrics: Metrics,
     table: ModelRoutes,
     sessions: Sessions | None,
-    admission: KvAdmission | None,
 ) -> Services:
     """The top level's services, with each named model's own beside them."""
     default = table.default
@@ -146,22 +141,13 @@ def _services(
             windows=route.windows,
             counter=route.counter,
             sessions=sessions,
-            # The ledger measures the top-level upstream's engine; another engine's
-            # requests must not take its room.
-            admission=admission if route.upstream is default.upstream else None,
             model_label=route.name,
         )
 
     top = view(default)
     top.by_model = {name: view(route) for name, route in table.by_name.items()}
-    if len(table.upstreams) > 1:
-        top.upstreams = table.upstreams
-        if admission is not None:
-            log.warning(
-                "TRIMPROXY_KV_ADMISSION applies to the top-level upstream %s only; models "
-                "of the models file served elsewhere are not admitted against it",
-                settings.upstream_url,
-            )
+    if len(table.upstreams) > 1 or len(default.upstream.engines.all()) > 1:
+        top.upstreams = table.upstreams  # /v1/models: the union of every engine's list
     return top
 
 

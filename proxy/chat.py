@@ -16,7 +16,8 @@ from proxy.errors import InvalidRequest
 from proxy.types import JSONObject, Message
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: read-only by convention (why: proxy.types, above PromptCount).
+@dataclass(slots=True)
 class ChatRequest:
     body: JSONObject
     messages: list[Message]

@@ -21,6 +21,7 @@ from proxy.metrics import clear_multiprocess_dir
 from proxy.plan import cli as plan_cli
 from proxy.settings import ENV_PREFIX, Settings, describe_error, unknown_variables
 from proxy.soak import cli as soak_cli
+from proxy.top import cli as top_cli
 
 
 def _settings_help() -> str:
@@ -87,6 +88,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     soak_cli.add_parser(commands)
     plan_cli.add_parser(commands)
+    top_cli.add_parser(commands)
     return parser
 
 
@@ -329,6 +331,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return soak_cli.run(args)
     if args.command == "plan":
         return plan_cli.run(args)
+    if args.command == "top":
+        return top_cli.run(args)
     return 2
 
 

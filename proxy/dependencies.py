@@ -14,7 +14,6 @@ from proxy.tokens.counter import TokenCounter
 from proxy.upstream import ContextWindows, Upstream
 
 if TYPE_CHECKING:
-    from proxy.admission import KvAdmission
     from proxy.sessions.gate import Sessions
 
 
@@ -26,8 +25,6 @@ class Services:
     windows: ContextWindows
     counter: TokenCounter
     sessions: Sessions | None
-    admission: KvAdmission | None = None
-    """The KV ledger's gate; None when ``TRIMPROXY_KV_ADMISSION=off``."""
     by_model: Mapping[str, Services] = field(default_factory=dict)
     """``TRIMPROXY_MODELS_FILE``: each named model's own settings, upstream, window and
     counter (``proxy.models``); a model it does not name is served by this one."""
@@ -35,8 +32,8 @@ class Services:
     """The ``model`` metric label of a named model's services; None on the top level,
     where it is the request's model if an upstream lists it, else ``other``."""
     upstreams: tuple[Upstream, ...] = ()
-    """Every distinct upstream when a models file names more than one (``/v1/models``
-    is their union); empty otherwise."""
+    """Every distinct upstream when a models file names more than one, or the top level
+    has several engines (``/v1/models`` is the union of every engine's); else empty."""
 
     def for_model(self, model: str | None) -> Services:
         """The services that serve ``model``: its own from the models file, or these."""

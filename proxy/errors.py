@@ -166,6 +166,14 @@ class UpstreamUnavailable(ProxyError):
     code = "upstream_unavailable"
 
 
+class NoEngineAvailable(ProxyError):
+    """Every engine of the request's upstream is out of the rotation (docs/engines.md)."""
+
+    status = 503
+    type = "upstream_error"
+    code = "no_engine_available"
+
+
 class UpstreamProtocolError(ProxyError):
     """The upstream was reached but its answer was not valid HTTP the proxy can relay:
     a status outside 100-599, a header that is not Latin-1, a body cut off."""

@@ -44,6 +44,8 @@ class RequestFacts:
     """The session id in clear; only its hash is logged."""
     error: str | None = None
     """The proxy's own error code, when it answered with one."""
+    engine: str | None = None
+    """The engine the request was sent to (``host:port``)."""
 
     def fields(self, method: str, path: str, status: int, duration: float) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -67,6 +69,8 @@ class RequestFacts:
             out["session"] = session_hash(self.session_id)
         if self.error is not None:
             out["error"] = self.error
+        if self.engine is not None:
+            out["engine"] = self.engine
         return out
 
 

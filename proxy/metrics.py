@@ -88,6 +88,9 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 #: The ``model`` label of a chat request whose model is in neither the models file nor
 #: an upstream's list (the names come from clients: the label must stay bounded).
 OTHER_MODEL = "other"
+#: Engines that get an ``engine`` label of their own; those found after are ``other``.
+MAX_ENGINE_LABELS = 64
+OTHER_ENGINE = "other"
 
 
 def route_label(path: str) -> str:
@@ -261,6 +264,65 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        # Several engines behind one upstream (proxy/engines): the bounded ``engine``
+        # label names each (engine_label). The unlabelled trimproxy_upstream_* and
+        # trimproxy_kv_* series above stay the aggregates dashboards already read.
+        self.engine_up = Gauge(
+            "trimproxy_engine_up",
+            "1 while the engine is in the rotation (its last connection or health probe "
+            "succeeded), else 0.",
+            ["engine"],
+            registry=r,
+            multiprocess_mode="mostrecent",
+        )
+        # On every forwarded request: a plain number in one process (proxy.series).
+        self.engine_requests = counter_family(
+            plain, "trimproxy_engine_requests", "Requests forwarded to each engine.", ("engine",), r
+        )
+        self.engine_prefix_hit_ratio = Gauge(
+            "trimproxy_engine_prefix_cache_hit_ratio",
+            "The engine's prefix-cache hits over queries since it started "
+            "(vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total).",
+            ["engine"],
+            registry=r,
+            multiprocess_mode="mostrecent",
+        )
+        self.engine_kv_usage = Gauge(
+            "trimproxy_engine_kv_cache_usage_ratio",
+            "Each engine's KV-cache usage (0..1), scraped from its /metrics.",
+            ["engine"],
+            registry=r,
+            multiprocess_mode="mostrecent",
+        )
+        self.engine_running = Gauge(
+            "trimproxy_engine_requests_running",
+            "Requests each engine is running now (vllm:num_requests_running).",
+            ["engine"],
+            registry=r,
+            multiprocess_mode="mostrecent",
+        )
+        self.engine_waiting = Gauge(
+            "trimproxy_engine_requests_waiting",
+            "Requests queued in each engine (vllm:num_requests_waiting).",
+            ["engine"],
+            registry=r,
+            multiprocess_mode="mostrecent",
+        )
+        self.engine_kv_capacity = Gauge(
+            "trimproxy_engine_kv_capacity_tokens",
+            "KV-cache tokens that admission may reserve on each engine.",
+            ["engine"],
+            registry=r,
+            multiprocess_mode="max",
+        )
+        self.engine_kv_reserved = Gauge(
+            "trimproxy_engine_kv_reserved_tokens",
+            "KV-cache tokens reserved on each engine by this process's chat requests.",
+            ["engine"],
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self._engine_labels: dict[str, str] = {}
         self.admission_overrun = Counter(
             "trimproxy_admission_overrun",
             "Answers that ran past their KV reservation: their request named no max_tokens "
@@ -296,6 +358,17 @@ class Metrics:
         if series is None:
             series = self._models[label] = ModelSeries(self, label)
         return series
+
+    def engine_label(self, name: str) -> str:
+        """``name``'s ``engine`` label: its own for the first ``MAX_ENGINE_LABELS``
+        engines this process meets (configured or discovered), ``other`` after."""
+        label = self._engine_labels.get(name)
+        if label is not None:
+            return label
+        if len(self._engine_labels) >= MAX_ENGINE_LABELS:
+            return OTHER_ENGINE  # not kept: engines that come and go must not grow this
+        self._engine_labels[name] = name
+        return name
 
     def answered(self, route: str, status: int, seconds: float) -> None:
         """Count one answered request and its duration."""

@@ -50,6 +50,7 @@ MODEL_KEYS = frozenset(
         "trim_target",
         "max_history_turns",
         "pin_first_user",
+        "kv_admission",
     }
 )
 

@@ -41,7 +41,8 @@ TRIMMED_MESSAGES = "x-trimproxy-trimmed-messages"
 _RECOUNTS = 4
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: read-only by convention (why: proxy.types, above PromptCount).
+@dataclass(slots=True)
 class Prepared:
     """What to send upstream, and what the answer and the log say about it."""
 
@@ -101,8 +102,10 @@ def apply_allowance(
     """The request to forward under the cap (its body rewritten when the cap lowered or
     filled in its max_tokens) and its allowance; the capped header goes in ``headers``."""
     allowance = completion_allowance(svc, chat)
-    headers.update(capped_headers(allowance))
-    return with_allowance(chat, allowance), allowance
+    if allowance.source == "cap":
+        headers.update(capped_headers(allowance))
+        return with_allowance(chat, allowance), allowance
+    return chat, allowance
 
 
 async def context_window(svc: Services, chat: ChatRequest) -> int | None:
@@ -127,11 +130,15 @@ def budget_of(window: int | None, reserve: int, max_prompt_tokens: int | None) -
     return room if max_prompt_tokens is None else min(max_prompt_tokens, room)
 
 
-async def limit_for(svc: Services, chat: ChatRequest) -> PromptLimit | None:
+async def limit_for(
+    svc: Services, chat: ChatRequest, allowance: Allowance | None = None
+) -> PromptLimit | None:
     """The request's prompt budget and where it comes from; None when unbounded.
-    Refuses a completion reserve that leaves the prompt no room."""
+    Refuses a completion reserve that leaves the prompt no room. ``allowance``: the
+    request's, when the caller has it already (it is worked out once a request)."""
     window = await context_window(svc, chat)
-    allowance = completion_allowance(svc, chat)
+    if allowance is None:
+        allowance = completion_allowance(svc, chat)
     reserve = allowance.tokens
     setting = svc.settings.max_prompt_tokens or None
     budget = budget_of(window, reserve, setting)
@@ -233,7 +240,7 @@ async def prepare(
         facts.session_id = admission.headers.get(SESSION_ID)
     upstream, allowance = apply_allowance(svc, chat, headers)
 
-    limit = await limit_for(svc, chat)
+    limit = await limit_for(svc, chat, allowance)
     budget = None if limit is None else limit.budget
     if limit is not None:
         floor = floor_if_surely_too_long(svc, chat, limit.budget, len(raw))

@@ -151,7 +151,9 @@ class Relay(Response):
 
     async def _pump(self, send: Send) -> None:
         """The head, then the body chunk by chunk as aiohttp hands them over, all
-        through ``send``: every middleware sees every byte."""
+        through ``send``: every middleware sees every byte. Sending the body past the
+        middleware instead saved ~9 % of a paced 64-chunk stream under callgrind (none
+        at 16 events), but a gzip, tracing or metering middleware then missed it."""
         length = self._upstream.content_length
         if self._captured is not None and length is not None and length <= self._capture_limit:
             await self._send_whole(send)

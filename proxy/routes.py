@@ -20,9 +20,11 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from proxy.admission import AnswerWatch, Need, Reservation, asks_usage, wait_header
+from proxy.admission import AnswerWatch, Need, asks_usage, wait_header
 from proxy.chat import parse_chat
 from proxy.dependencies import Services, services
+from proxy.engines.dispatch import send_chat
+from proxy.engines.engine import Engine
 from proxy.errors import (
     ClientClosedRequest,
     MethodNotAllowed,
@@ -120,40 +122,32 @@ async def chat_completions(request: Request) -> Response:
     client_gone = watch_disconnect(
         request.receive, STREAM_WATCH_DELAY if chat.stream else WATCH_DELAY
     )
-    reservation: Reservation | None = None
+    # Its engine (proxy.engines): routed, admitted on that engine's ledger, sent. The
+    # most KV this request can hold: its prompt and n whole completions.
+    allowance = prepared.allowance
+    n = allowance.n if allowance is not None else 1
+    need = Need(prepared.forwarded_tokens, prepared.reserve, n)
+    sent = await send_chat(
+        request, svc, chat, CHAT_PATH, headers, prepared.body, need, client_gone, facts
+    )
     watch: AnswerWatch | None = None
-    if svc.admission is not None:
-        # The most KV this request can hold: its prompt and n whole completions.
-        allowance = prepared.allowance
-        n = allowance.n if allowance is not None else 1
-        need = Need(prepared.forwarded_tokens, prepared.reserve, n)
-        try:
-            reservation = await svc.admission.admit_while_connected(need, client_gone)
-        except BaseException:
-            client_gone.cancel()
-            raise
+    reservation = sent.reservation
+    if reservation is not None:
         extra = {**extra, **wait_header(reservation)}
-        if allowance is not None and not allowance.bounded and reservation.charge:
+        gate = sent.engine.admission
+        unbounded = allowance is not None and not allowance.bounded
+        if gate is not None and unbounded and reservation.charge:
             # Told no limit, the engine may let the answer outgrow its reservation.
             usage = chat.stream and asks_usage(chat.body)
-            watch = AnswerWatch(svc.admission, reservation, need, chat.stream, usage)
-    started = time.perf_counter()
-    try:
-        upstream, client_gone = await open_upstream(
-            request, svc, CHAT_PATH, headers, prepared.body, client_gone
-        )
-    except BaseException:
-        if reservation is not None:
-            reservation.release()
-        raise
+            watch = AnswerWatch(gate, reservation, need, chat.stream, usage)
+    upstream, started = sent.response, sent.started
     metrics = svc.metrics
     forwarded_tokens = prepared.forwarded_tokens
 
     def on_end(complete: bool, captured: bytes | None) -> None:
         if watch is not None:
             watch.finish(captured)
-        if reservation is not None:
-            reservation.release()  # the answer is over, however it ended
+        sent.done()  # the answer is over, however it ended
         if captured is not None and upstream.status == 200:
             error = estimate_error(forwarded_tokens, captured)
             if error is not None:
@@ -291,15 +285,16 @@ async def union_of_models(request: Request, svc: Services) -> Response:
     upstream's list in one (an id listed twice is the first upstream's). An upstream
     that fails is left out; when all fail, the first one's answer is relayed."""
 
-    async def ask(upstream: Upstream) -> tuple[int, bytes, str]:
+    async def ask(upstream: Upstream, engine: Engine) -> tuple[int, bytes, str]:
         headers = upstream.request_headers(request.scope["headers"])
-        response = await upstream.forward("GET", "/v1/models", headers, None)
+        response = await upstream.forward("GET", "/v1/models", headers, None, engine=engine)
         try:
             return response.status, await response.read(), response.content_type
         finally:
             response.release()
 
-    answers = await asyncio.gather(*(ask(u) for u in svc.upstreams), return_exceptions=True)
+    asked = [(u, e) for u in svc.upstreams for e in (u.engines.live() or u.engines.all())]
+    answers = await asyncio.gather(*(ask(u, e) for u, e in asked), return_exceptions=True)
     good = [a[1] for a in answers if not isinstance(a, BaseException) and a[0] == 200]
     merged = union_models(good)
     if merged is not None:
@@ -336,6 +331,8 @@ async def readyz(request: Request) -> Response:
             "status": "ready" if ready else "not ready",
             "upstream": settings.upstream_url,
             "upstream_ready": readiness.ready,
+            "engines": readiness.engines,
+            "engines_up": readiness.engines_up,
             "detail": readiness.detail,
         },
         status_code=200 if ready else 503,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import hashlib
 import logging
 import math
 import os
@@ -26,16 +27,25 @@ from dataclasses import dataclass
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.admission.capacity import EngineCache, parse_cache_config
+from proxy.engines.engine import Engine
 from proxy.metrics import Metrics, multiprocess_dir
 from proxy.settings import Settings
 from proxy.upstream import Upstream, UpstreamCallFailed
-from proxy.vllm_metrics import KV_USAGE_NAMES, RUNNING, WAITING, line_prefixes, selected
+from proxy.vllm_metrics import (
+    KV_USAGE_NAMES,
+    PREFIX_HITS,
+    PREFIX_QUERIES,
+    RUNNING,
+    WAITING,
+    line_prefixes,
+    selected,
+)
 
 log = logging.getLogger("trimproxy.scrape")
 
 KV_NAMES = KV_USAGE_NAMES
-_WANTED = (*KV_NAMES, RUNNING, WAITING)
-# Only these four families reach the parser: a scrape costs the event loop a string
+_WANTED = (*KV_NAMES, RUNNING, WAITING, PREFIX_HITS, PREFIX_QUERIES)
+# Only these families reach the parser: a scrape costs the event loop a string
 # scan rather than milliseconds of parsing (see proxy/vllm_metrics.py).
 _LINE_PREFIXES = line_prefixes(_WANTED)
 _MAX_BODY = 16 << 20
@@ -63,6 +73,15 @@ class UpstreamStats:
     kv_cache_usage: float | None
     running: float | None
     waiting: float | None
+    prefix_hits: float | None = None
+    prefix_queries: float | None = None
+
+    @property
+    def prefix_hit_ratio(self) -> float | None:
+        """Hits over queries since the engine started; None before its first query."""
+        if self.prefix_hits is None or not self.prefix_queries:
+            return None
+        return self.prefix_hits / self.prefix_queries
 
 
 def parse_stats(text: str) -> UpstreamStats:
@@ -79,12 +98,17 @@ def parse_stats(text: str) -> UpstreamStats:
     kv = next((max(values[n]) for n in KV_NAMES if n in values), None)
     running = sum(values[RUNNING]) if RUNNING in values else None
     waiting = sum(values[WAITING]) if WAITING in values else None
-    return UpstreamStats(kv, running, waiting)
+    hits = sum(values[PREFIX_HITS]) if PREFIX_HITS in values else None
+    queries = sum(values[PREFIX_QUERIES]) if PREFIX_QUERIES in values else None
+    return UpstreamStats(kv, running, waiting, hits, queries)
 
 
 class UpstreamScraper:
-    """Asks ``Upstream.metrics_text()`` (the key and timeouts are the upstream's) every
-    ``interval`` seconds and sets the gauges."""
+    """Asks one engine's ``/metrics`` (``Upstream.metrics_text``: the key and timeouts
+    are the upstream's) every ``interval`` seconds and sets its ``engine`` gauges; with
+    ``aggregate``, the unlabelled ``trimproxy_upstream_*`` gauges too, over every
+    engine of the upstream (KV usage the fullest engine's, requests summed, up when
+    every engine's last scrape was)."""
 
     def __init__(
         self,
@@ -95,12 +119,23 @@ class UpstreamScraper:
         lock_path: str | None = None,
         on_engine: EngineHook | None = None,
         sleep: Sleep = asyncio.sleep,
+        engine: Engine | None = None,
+        aggregate: bool = True,
     ) -> None:
         self._upstream = upstream
+        self._engine = engine if engine is not None else upstream.engines.all()[0]
+        self._aggregate = aggregate
+        label = metrics.engine_label(self._engine.label)
+        self._gauges = (
+            metrics.engine_kv_usage.labels(label),
+            metrics.engine_running.labels(label),
+            metrics.engine_waiting.labels(label),
+            metrics.engine_prefix_hit_ratio.labels(label),
+        )
         self._sleep = sleep
         self._on_engine = on_engine
         self._capacity_due = 0.0
-        self._url = upstream.base_url + "/metrics"
+        self._url = self._engine.url + "/metrics"
         self._metrics = metrics
         self._interval = interval
         # One scrape ends before the next is due (and within the configured timeouts).
@@ -158,7 +193,9 @@ class UpstreamScraper:
     async def scrape_once(self) -> bool:
         """One scrape; True when the KV-cache usage was found and exported."""
         try:
-            text = await self._upstream.metrics_text(max_bytes=_MAX_BODY, timeout=self._budget)
+            text = await self._upstream.metrics_text(
+                max_bytes=_MAX_BODY, timeout=self._budget, engine=self._engine
+            )
         except UpstreamCallFailed as exc:
             if self._on_engine is not None:
                 self._on_engine(None)
@@ -171,13 +208,16 @@ class UpstreamScraper:
             return self._fail("unparsable", 200)
         if stats.kv_cache_usage is None:
             return self._fail("no_kv_metric", 200)
-        m = self._metrics
-        m.kv_cache_usage.set(stats.kv_cache_usage)
+        self._engine.stats = stats
+        kv, running, waiting, hit_ratio = self._gauges
+        kv.set(stats.kv_cache_usage)
         if stats.running is not None:
-            m.upstream_running.set(stats.running)
+            running.set(stats.running)
         if stats.waiting is not None:
-            m.upstream_waiting.set(stats.waiting)
-        m.upstream_metrics_up.set(1)
+            waiting.set(stats.waiting)
+        if stats.prefix_hit_ratio is not None:
+            hit_ratio.set(stats.prefix_hit_ratio)
+        self._export_aggregate()
         if self._state != "ok":
             log.info("exporting the upstream's KV-cache usage from %s", self._url)
         self._state = "ok"
@@ -187,7 +227,9 @@ class UpstreamScraper:
         """The engine's KV capacity alone, for a worker that does not scrape."""
         assert self._on_engine is not None
         try:
-            text = await self._upstream.metrics_text(max_bytes=_MAX_BODY, timeout=self._budget)
+            text = await self._upstream.metrics_text(
+                max_bytes=_MAX_BODY, timeout=self._budget, engine=self._engine
+            )
         except UpstreamCallFailed:
             self._on_engine(None)
             return  # asked again on the next tick
@@ -196,8 +238,28 @@ class UpstreamScraper:
         if cache is not None:
             self._capacity_due = time.monotonic() + max(_CAPACITY_EVERY, self._interval)
 
+    def _export_aggregate(self) -> None:
+        """The unlabelled gauges over the engines' last good scrapes."""
+        if not self._aggregate:
+            return
+        engines = self._upstream.engines.all()
+        found = [e.stats for e in engines if isinstance(e.stats, UpstreamStats)]
+        m = self._metrics
+        m.upstream_metrics_up.set(1 if len(found) == len(engines) else 0)
+        if not found:
+            return
+        m.kv_cache_usage.set(max(s.kv_cache_usage or 0.0 for s in found))
+        running = [s.running for s in found if s.running is not None]
+        if running:
+            m.upstream_running.set(sum(running))
+        waiting = [s.waiting for s in found if s.waiting is not None]
+        if waiting:
+            m.upstream_waiting.set(sum(waiting))
+
     def _fail(self, state: str, status: int | None) -> bool:
-        self._metrics.upstream_metrics_up.set(0)
+        self._engine.stats = None
+        if self._aggregate:
+            self._metrics.upstream_metrics_up.set(0)
         if state != self._state:
             self._state = state
             if state == "http_404":
@@ -229,19 +291,31 @@ class UpstreamScraper:
 
 
 def build_scraper(
-    settings: Settings, upstream: Upstream, metrics: Metrics, on_engine: EngineHook | None = None
+    settings: Settings,
+    upstream: Upstream,
+    metrics: Metrics,
+    on_engine: EngineHook | None = None,
+    *,
+    engine: Engine | None = None,
+    aggregate: bool = True,
 ) -> UpstreamScraper | None:
-    """The scraper the lifespan starts; None when ``TRIMPROXY_UPSTREAM_METRICS_INTERVAL=0``.
+    """The scraper of one engine (the upstream's first by default) that the lifespan
+    starts; None when ``TRIMPROXY_UPSTREAM_METRICS_INTERVAL=0``.
 
     ``on_engine`` gets the engine's KV-cache figures from every scrape (``auto`` admission).
     """
     if settings.upstream_metrics_interval <= 0:
         return None
+    engine = engine if engine is not None else upstream.engines.all()[0]
     directory = multiprocess_dir()
+    # One lock per engine: with several workers, one of them scrapes each engine.
+    name = hashlib.sha256(engine.url.encode()).hexdigest()[:12]
     return UpstreamScraper(
         upstream,
         metrics,
         settings.upstream_metrics_interval,
-        lock_path=os.path.join(directory, "upstream-scraper.lock") if directory else None,
+        lock_path=os.path.join(directory, f"upstream-scraper-{name}.lock") if directory else None,
         on_engine=on_engine,
+        engine=engine,
+        aggregate=aggregate,
     )

@@ -13,6 +13,8 @@ from typing import Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from proxy.engines.discovery import parse_dns_url, split_nameserver
+from proxy.engines.urls import DNS_PREFIX, joined, parse_upstream
 from proxy.sessions.types import DEFAULT_SESSION_HEADER, LimitAction, StoreFailure
 
 ENV_PREFIX = "TRIMPROXY_"
@@ -29,7 +31,9 @@ class Settings(BaseSettings):
 
     upstream_url: str = Field(
         "http://127.0.0.1:8000",
-        description="Root URL of the FastChat or vLLM OpenAI server; a trailing /v1 is dropped.",
+        description="Root URL of the FastChat or vLLM OpenAI server (a trailing /v1 is "
+        "dropped), or several engines serving the same models, comma-separated "
+        "(docs/engines.md).",
     )
     host: str = Field("127.0.0.1", description="Address the proxy listens on.")
     port: int = Field(8080, ge=1, le=65535, description="Port the proxy listens on.")
@@ -192,6 +196,34 @@ class Settings(BaseSettings):
         description="Seconds to let open requests (long streams) finish after SIGTERM before "
         "they are cancelled; none waits for all. Keep it below the pod's grace period.",
     )
+    routing: Literal["session", "least_loaded", "round_robin"] = Field(
+        "session",
+        description="How a chat request picks one of several engines: session (each session "
+        "keeps its engine, for the prefix cache), least_loaded, or round_robin.",
+    )
+    routing_load_factor: float = Field(
+        0.25,
+        ge=0,
+        description="session routing: an engine holding more than (1 + this) x the mean load "
+        "is passed over for the session's next engine (bounded load).",
+    )
+    health_interval: float = Field(
+        5.0,
+        gt=0,
+        description="Seconds between health probes (GET /v1/models) of each engine; an engine "
+        "out of the rotation is probed with backoff up to this interval.",
+    )
+    upstream_refresh: float = Field(
+        10.0,
+        gt=0,
+        description="Seconds between DNS lookups of a dns+http://NAME:PORT upstream, whose "
+        "every A/AAAA record is an engine: engines join and leave within one refresh.",
+    )
+    dns_nameserver: str | None = Field(
+        None,
+        description="HOST or HOST:PORT of the DNS server that resolves dns+http:// upstreams; "
+        "none uses the system's resolver configuration (/etc/resolv.conf).",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         "info", description="Log level of the proxy's own logs."
     )
@@ -202,20 +234,38 @@ class Settings(BaseSettings):
         "models it does not name use the top-level settings.",
     )
 
-    @field_validator("upstream_url")
+    @field_validator("upstream_url", mode="before")
     @classmethod
-    def _normalise_upstream(cls, value: str) -> str:
-        url = value.strip().rstrip("/")
-        if not url.startswith(("http://", "https://")):
-            raise ValueError("must start with http:// or https://")
-        if url.endswith("/v1"):
-            url = url[: -len("/v1")]
-        return url
+    def _normalise_upstream(cls, value: object) -> str:
+        if not isinstance(value, (str, list, tuple)):
+            raise ValueError("expected a URL, a comma-separated list of URLs, or a list of them")
+        entries = parse_upstream(value)
+        if any(e.dns for e in entries) and len(entries) > 1:
+            raise ValueError(
+                "a dns+ URL names every engine of the upstream by itself: give it alone, "
+                "or list the engines' URLs comma-separated without it"
+            )
+        if entries[0].dns:
+            parse_dns_url(DNS_PREFIX + entries[0].url)  # DiscoveryError is a ValueError
+        return joined(entries)
 
-    @field_validator("kv_admission")
+    @field_validator("dns_nameserver")
     @classmethod
-    def _check_kv_admission(cls, value: str) -> str:
-        value = value.strip().lower()
+    def _check_nameserver(cls, value: str | None) -> str | None:
+        if value is not None and value.strip():
+            split_nameserver(value)
+            return value.strip()
+        return None
+
+    @field_validator("kv_admission", mode="before")
+    @classmethod
+    def _check_kv_admission(cls, raw: object) -> str:
+        # A number in the models file (kv_admission = 4096) is as good as the string.
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            raw = str(raw)
+        if not isinstance(raw, str):
+            raise ValueError("expected off, auto, or a positive number of tokens")
+        value = raw.strip().lower()
         if value in ("off", "auto") or (value.isdigit() and int(value) > 0):
             return value
         raise ValueError("expected off, auto, or a positive number of tokens")

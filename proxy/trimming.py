@@ -31,7 +31,8 @@ from proxy.types import Message, PromptCount, PromptLimit
 HEAD_ROLES = frozenset(("system", "developer"))
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: read-only by convention (why: proxy.types, above PromptCount).
+@dataclass(slots=True)
 class TrimPolicy:
     budget: int | None
     """The most prompt tokens to keep; None for no budget (only a turn limit cuts)."""
@@ -46,7 +47,8 @@ class TrimPolicy:
     policy and the refusal still names the client's limit."""
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: read-only by convention (why: proxy.types, above PromptCount).
+@dataclass(slots=True)
 class TrimResult:
     kept: tuple[int, ...]
     """Indices into the input messages, ascending."""

@@ -26,8 +26,14 @@ import orjson
 from yarl import URL
 
 import proxy
+from proxy.engines.discovery import Discovery, DnsResolver, parse_dns_url
+from proxy.engines.engine import Engine
+from proxy.engines.pool import EngineList, StaticEngines
+from proxy.engines.routing import Router
+from proxy.engines.served import ServedModel, merge_served
 from proxy.errors import (
     ClientClosedRequest,
+    NoEngineAvailable,
     ProxyError,
     broken_off,
     protocol_error,
@@ -79,16 +85,6 @@ class UpstreamCallFailed(Exception):
 
 
 @dataclass(frozen=True, slots=True)
-class ServedModel:
-    """One entry of the upstream's ``/v1/models``: vLLM names the model's path or id
-    as ``root`` and reports ``max_model_len``; FastChat gives only ``id``."""
-
-    id: str
-    root: str | None = None
-    max_model_len: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
 class Tokenized:
     """What vLLM's ``POST /tokenize`` answered."""
 
@@ -100,6 +96,8 @@ class Tokenized:
 class Readiness:
     ready: bool
     detail: str
+    engines_up: int = 1
+    engines: int = 1
 
 
 def invalid_head(response: aiohttp.ClientResponse) -> str | None:
@@ -143,8 +141,18 @@ def parse_models(data: Any) -> tuple[ServedModel, ...]:
     return tuple(out)
 
 
+def connection_failed(exc: BaseException) -> bool:
+    """Whether a forwarding failure happened before anything was sent: the connection
+    was refused or did not open in time. Only such a request may go to another engine
+    (one whose bytes went out may have been acted on)."""
+    cause = exc.__cause__ if isinstance(exc, ProxyError) else exc
+    return isinstance(cause, (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError))
+
+
 class Upstream:
-    """The shared client; built once in the lifespan, closed with it."""
+    """The shared client of one upstream setting and its engines (one or several:
+    ``proxy.engines``); built once in the lifespan, closed with it. Every engine is
+    talked to through the one session: an engine is only a base URL."""
 
     def __init__(
         self,
@@ -152,17 +160,30 @@ class Upstream:
         *,
         models_ttl: float = 300.0,
         models_retry_after: float = 10.0,
+        engines: EngineList | None = None,
         on_error: ErrorHook | None = None,
     ) -> None:
         """``on_error``: counts the failures of forwarded requests
         (``trimproxy_upstream_errors_total{kind}``); None counts nothing."""
         self.base_url = settings.upstream_url
+        """The setting as written (one URL, or several comma-separated)."""
+        self.discovery: Discovery | None = None
+        """The DNS lookups of a ``dns+http://`` upstream (``start_discovery``)."""
+        name = parse_dns_url(settings.upstream_url)
+        if engines is None:
+            engines = StaticEngines([] if name else settings.upstream_url.split(","))
+        self.engines: EngineList = engines
+        if name is not None:
+            resolver = DnsResolver(settings.dns_nameserver)
+            self.discovery = Discovery(name, resolver, settings.upstream_refresh, engines.replace)
+        self.router = Router(settings.routing, settings.routing_load_factor)
+        self.health_interval = settings.health_interval
+        self._said: set[tuple[str, str]] = set()
         self._on_error = on_error
         self.connect_timeout = settings.connect_timeout
         self.read_timeout = settings.read_timeout
         key = settings.upstream_api_key
         self._auth: dict[str, str] = {"authorization": f"Bearer {key}"} if key else {}
-        self._urls: dict[str, URL] = {}
         self._user_agent = f"trimproxy/{proxy.__version__}"
         # The proxy's own calls read and parse what they get: never compressed.
         self._own_headers = {
@@ -223,6 +244,44 @@ class Upstream:
             out["user-agent"] = self._user_agent
         return out
 
+    # -- engines -------------------------------------------------------------------
+
+    def order(self, key: str | None = None, weight: float = 1.0) -> Sequence[Engine]:
+        """The engines a request tries, first choice first (``TRIMPROXY_ROUTING``).
+
+        One configured engine is always tried, up or not: there is nothing to fail
+        over to, and its own error (502, 504) names it. With several and none up,
+        503 ``no_engine_available``.
+        """
+        live = self.engines.live()
+        if not live:
+            every = self.engines.all()
+            if len(every) == 1:
+                return every
+            raise NoEngineAvailable(
+                f"None of the {len(every)} engines of {self.base_url} is up (each failed to "
+                f"connect or its health probe); they are probed every "
+                f"{self.health_interval:g} s at most (TRIMPROXY_HEALTH_INTERVAL). Retry shortly.",
+                headers={"retry-after": str(max(1, min(30, round(self.health_interval))))},
+            )
+        return self.router.order(live, key, weight)
+
+    def engine_failed(self, engine: Engine, reason: str) -> None:
+        """Take ``engine`` out of the rotation (it refused or timed out on connect)."""
+        if engine.health.failed(time.monotonic(), reason, self.health_interval):
+            log.warning(
+                "engine %s left the rotation (%s); probing it until it answers",
+                engine.label,
+                reason,
+            )
+        engine.state_known()
+
+    def engine_answered(self, engine: Engine) -> None:
+        """Back in (or still in) the rotation: its health probe answered."""
+        if engine.health.answered(time.monotonic(), self.health_interval):
+            log.info("engine %s answers again and rejoins the rotation", engine.label)
+        engine.state_known()
+
     async def forward(
         self,
         method: str,
@@ -230,22 +289,47 @@ class Upstream:
         headers: Mapping[str, str],
         body: bytes | None,
         client_gone: asyncio.Future[None] | None = None,
+        engine: Engine | None = None,
     ) -> aiohttp.ClientResponse:
-        """Send a request and return once the response head has arrived.
+        """Send a request to ``engine`` (else the next in the rotation, retried once on
+        another when the connection failed before anything was sent); return once the
+        response head has arrived."""
+        if engine is not None:
+            return await self.send(engine, method, path, headers, body, client_gone)
+        order = self.order()
+        try:
+            return await self.send(order[0], method, path, headers, body, client_gone)
+        except ProxyError as exc:
+            if len(order) < 2 or not connection_failed(exc):
+                raise
+        return await self.send(order[1], method, path, headers, body, client_gone)
+
+    async def send(
+        self,
+        engine: Engine,
+        method: str,
+        path: str,
+        headers: Mapping[str, str],
+        body: bytes | None,
+        client_gone: asyncio.Future[None] | None = None,
+    ) -> aiohttp.ClientResponse:
+        """Send a request to ``engine`` and return once the response head has arrived.
 
         ``headers`` come from ``request_headers`` (the key is in them already). A
         non-streaming answer's head comes only when generation is done, so the
         client's disconnect (``client_gone``) is raced against the wait: when the
         client leaves first, the request is cancelled, which closes the upstream
-        connection and lets the server abort the generation.
+        connection and lets the server abort the generation. A connection that fails
+        takes the engine out of the rotation.
         """
         # encoded=True: the path is in normal form already (proxy.paths) and goes out
         # byte for byte; yarl would otherwise resolve dot segments and re-quote.
-        url = self._urls.get(path)
+        url = engine.urls.get(path)
         if url is None:
-            url = URL(self.base_url + path, encoded=True)
+            url = URL(engine.url + path, encoded=True)
             if path in KNOWN_ROUTES:  # built once for the routes that carry the traffic
-                self._urls[path] = url
+                engine.urls[path] = url
+        engine.sent()
         # A body the client sent without a type goes up without one, not as the
         # application/octet-stream aiohttp would name it.
         skip = _SKIP_TYPE if body is not None and "content-type" not in headers else None
@@ -260,11 +344,14 @@ class Upstream:
                     skip_auto_headers=skip,
                 )
             except _TRANSPORT_ERRORS as exc:
-                raise self.failure(exc) from exc
+                failure = self.failure(exc, origin=engine.url)
+                if connection_failed(failure):
+                    self.engine_failed(engine, failure.kind or "connect")
+                raise failure from exc
             problem = invalid_head(response)
             if problem is not None:
                 response.close()
-                raise self._counted(protocol_error(self.base_url, problem))
+                raise self._counted(protocol_error(engine.url, problem))
             if response.status >= 500 and self._on_error is not None:
                 self._on_error("http_5xx")  # relayed as it is, but the upstream failed
             return response
@@ -272,13 +359,18 @@ class Upstream:
         raise ClientClosedRequest("The client closed the connection before the answer.")
 
     def failure(
-        self, exc: BaseException, answer: aiohttp.ClientResponse | None = None
+        self,
+        exc: BaseException,
+        answer: aiohttp.ClientResponse | None = None,
+        *,
+        origin: str | None = None,
     ) -> ProxyError:
         """What the HTTP client raised on a forwarded request, as the 502 or 504 to
         answer, and counted: with ``forward``'s, the one place upstream failures are
         counted. ``answer``: the response whose body broke off (``proxy.relay``)."""
         if answer is None:
-            error = upstream_failure(exc, self.base_url, self.read_timeout, self.connect_timeout)
+            where = origin or self.base_url
+            error = upstream_failure(exc, where, self.read_timeout, self.connect_timeout)
         else:
             error = broken_off(exc, str(answer.url.origin()))
         return self._counted(error)
@@ -299,9 +391,38 @@ class Upstream:
         max_bytes: int = 16 << 20,
         timeout: aiohttp.ClientTimeout | None = None,
         headers: Mapping[str, str] | None = None,
+        engine: Engine | None = None,
     ) -> bytes:
         """One small request with the key and the configured timeouts; the body of a
-        200, else ``UpstreamCallFailed``."""
+        200, else ``UpstreamCallFailed``. Without ``engine``, any live engine: the
+        next one is asked when the first cannot be reached."""
+        if engine is not None:
+            return await self._call_engine(
+                engine, method, path, payload, max_bytes, timeout, headers
+            )
+        try:
+            order = self.order()
+        except NoEngineAvailable:
+            raise UpstreamCallFailed(path, None, "no_engine") from None
+        try:
+            return await self._call_engine(
+                order[0], method, path, payload, max_bytes, timeout, headers
+            )
+        except UpstreamCallFailed as exc:
+            if len(order) < 2 or exc.status is not None:
+                raise
+        return await self._call_engine(order[1], method, path, payload, max_bytes, timeout, headers)
+
+    async def _call_engine(
+        self,
+        engine: Engine,
+        method: str,
+        path: str,
+        payload: Any,
+        max_bytes: int,
+        timeout: aiohttp.ClientTimeout | None,
+        headers: Mapping[str, str] | None,
+    ) -> bytes:
         sent = {**self._own_headers, **(headers or {})}
         data = None
         if payload is not None:
@@ -310,7 +431,7 @@ class Upstream:
         try:
             async with self._session.request(
                 method,
-                self.base_url + path,
+                engine.url + path,
                 data=data,
                 headers=sent,
                 timeout=timeout or self._timeout,
@@ -326,10 +447,14 @@ class Upstream:
                         raise UpstreamCallFailed(path, resp.status, "too_large")
                 return bytes(body)
         except _TRANSPORT_ERRORS as exc:
+            if connection_failed(exc):
+                self.engine_failed(engine, "connect")
             raise UpstreamCallFailed(path, None, type(exc).__name__) from exc
 
-    async def _call_json(self, method: str, path: str, payload: Any = None) -> Any:
-        raw = await self._call(method, path, payload)
+    async def _call_json(
+        self, method: str, path: str, payload: Any = None, engine: Engine | None = None
+    ) -> Any:
+        raw = await self._call(method, path, payload, engine=engine)
         try:
             return orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
@@ -349,11 +474,7 @@ class Upstream:
         future: asyncio.Future[tuple[ServedModel, ...]] = asyncio.get_running_loop().create_future()
         self._models_pending = future
         try:
-            try:
-                found = parse_models(await self._call_json("GET", "/v1/models"))
-            except UpstreamCallFailed as exc:
-                log.debug("GET /v1/models failed: %s", exc.reason)
-                found = ()
+            found = await self._served()
             if found:
                 self._models_failures = 0
                 ttl = self._models_ttl
@@ -372,6 +493,22 @@ class Upstream:
             raise
         finally:
             self._models_pending = None
+
+    async def _served(self) -> tuple[ServedModel, ...]:
+        """Every engine's ``/v1/models`` in one list (``merge_served``); those that
+        cannot be asked are left out."""
+        engines = self.engines.live() or self.engines.all()
+        if len(engines) == 1:
+            return await self._served_by(engines[0])
+        lists = await asyncio.gather(*(self._served_by(e) for e in engines))
+        return merge_served([(e.label, m) for e, m in zip(engines, lists, strict=True)], self._said)
+
+    async def _served_by(self, engine: Engine) -> tuple[ServedModel, ...]:
+        try:
+            return parse_models(await self._call_json("GET", "/v1/models", engine=engine))
+        except UpstreamCallFailed as exc:
+            log.debug("GET /v1/models of %s failed: %s", engine.label, exc.reason)
+            return ()
 
     async def tokenize(
         self,
@@ -419,8 +556,10 @@ class Upstream:
                 return length
         return None
 
-    async def metrics_text(self, *, max_bytes: int, timeout: float | None = None) -> str:
-        """The upstream's own ``GET /metrics`` page; ``UpstreamCallFailed`` on error.
+    async def metrics_text(
+        self, *, max_bytes: int, timeout: float | None = None, engine: Engine | None = None
+    ) -> str:
+        """An engine's own ``GET /metrics`` page; ``UpstreamCallFailed`` on error.
 
         ``timeout`` caps the whole call besides the configured connect and read
         timeouts (the scraper keeps one scrape shorter than its interval).
@@ -435,32 +574,60 @@ class Upstream:
             "/metrics",
             max_bytes=max_bytes,
             timeout=bound,
+            engine=engine or self.engines.all()[0],
         )
         return raw.decode("utf-8", errors="replace")
 
     async def ready(self) -> Readiness:
-        """Whether the upstream serves us: ``GET /v1/models`` with the key.
+        """Whether the upstream serves us: every engine's ``GET /v1/models``; ready when
+        one of them is (the detail says how many)."""
+        engines = self.engines.all()
+        if len(engines) == 1:
+            return await self.engine_ready(engines[0])
+        answers = await asyncio.gather(*(self.engine_ready(e) for e in engines))
+        up = sum(a.ready for a in answers)
+        detail = f"{up} of {len(engines)} engines answer GET /v1/models"
+        down = [
+            f"{e.label}: {a.detail}" for e, a in zip(engines, answers, strict=True) if not a.ready
+        ]
+        if down:
+            detail += "; " + "; ".join(down[:8])
+        return Readiness(up > 0, detail, up, len(engines))
+
+    async def engine_ready(self, engine: Engine) -> Readiness:
+        """Whether ``engine`` serves us: ``GET /v1/models`` with the key.
 
         401/403 is not ready (the key is missing or wrong: nothing would be trimmed
         and every request would fail), nor is a 5xx or no answer at all.
         """
         try:
-            await self._call("GET", "/v1/models")
+            await self._call("GET", "/v1/models", engine=engine)
         except UpstreamCallFailed as exc:
             if exc.status is None:
-                return Readiness(False, f"GET /v1/models got no answer ({exc.reason})")
+                return Readiness(False, f"GET /v1/models got no answer ({exc.reason})", 0)
             if exc.status in (401, 403):
                 return Readiness(
                     False,
                     f"GET /v1/models answered HTTP {exc.status}: set TRIMPROXY_UPSTREAM_API_KEY "
                     "to the key the upstream expects",
+                    0,
                 )
             if exc.status >= 500:
-                return Readiness(False, f"GET /v1/models answered HTTP {exc.status}")
+                return Readiness(False, f"GET /v1/models answered HTTP {exc.status}", 0)
             return Readiness(True, f"GET /v1/models answered HTTP {exc.status}")
         return Readiness(True, "GET /v1/models answered HTTP 200")
 
+    async def start_discovery(self) -> None:
+        """A ``dns+http://`` upstream's first lookup (awaited: the engines are known when
+        the proxy starts serving), then its refresh loop. A failed first lookup starts
+        with no engine (503 ``no_engine_available``) and keeps asking."""
+        if self.discovery is not None:
+            await self.discovery.resolve_once()
+            self.discovery.start()
+
     async def aclose(self) -> None:
+        if self.discovery is not None:
+            await self.discovery.stop()
         await self._session.close()
 
 

@@ -48,8 +48,12 @@ __all__ = [
 log = logging.getLogger("trimproxy.admission")
 
 
-def build_admission(settings: Settings, metrics: Metrics) -> KvAdmission | None:
-    """The gate the lifespan puts on the services, or None when admission is off.
+def build_admission(
+    settings: Settings, metrics: Metrics, engine_url: str | None = None, label: str | None = None
+) -> KvAdmission | None:
+    """The gate of one engine (``engine_url``, labelled ``label`` in the metrics; the
+    setting's URL by default), or None when admission is off. Each engine has its own
+    ledger and capacity (docs/engines.md).
 
     Without Redis each worker process holds its own ledger, so each gets its share of
     the capacity: ÷ (TRIMPROXY_KV_ADMISSION_REPLICAS x TRIMPROXY_WORKERS). With Redis the
@@ -65,13 +69,14 @@ def build_admission(settings: Settings, metrics: Metrics) -> KvAdmission | None:
             "TRIMPROXY_UPSTREAM_METRICS_INTERVAL=0 turns that scrape off: admission stays off"
         )
     share = settings.kv_admission_replicas * settings.workers
+    engine_url = engine_url if engine_url is not None else settings.upstream_url
     ledger: Ledger
     if settings.redis_url:
         from proxy.admission.redis_ledger import RedisLedger  # redis only when used
 
         ledger = RedisLedger(
             settings.redis_url,
-            settings.upstream_url,
+            engine_url,  # the keys are the engine's: one ledger per engine
             MemoryLedger(None),
             share=share,
             failure=settings.session_store_failure,
@@ -85,9 +90,11 @@ def build_admission(settings: Settings, metrics: Metrics) -> KvAdmission | None:
         fraction=settings.kv_admission_fraction,
         timeout=settings.admission_timeout,
         fixed_tokens=fixed,
+        engine=label,
     )
     log.info(
-        "KV admission on (%s, fraction %g, timeout %g s, ledger %s%s)",
+        "KV admission on %s (%s, fraction %g, timeout %g s, ledger %s%s)",
+        label or engine_url,
         setting if fixed is None else f"{fixed} tokens",
         settings.kv_admission_fraction,
         settings.admission_timeout,

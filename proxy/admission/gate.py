@@ -39,8 +39,18 @@ class KvAdmission:
         fraction: float,
         timeout: float,
         fixed_tokens: int | None = None,
+        engine: str | None = None,
     ) -> None:
         self.ledger = ledger
+        # Several engines: each gate adds its share to the unlabelled totals and sets
+        # its own ``engine`` series (docs/engines.md).
+        self._capacity_shown = 0
+        self._engine_capacity = (
+            None if engine is None else metrics.engine_kv_capacity.labels(engine)
+        )
+        self._engine_reserved = (
+            None if engine is None else metrics.engine_kv_reserved.labels(engine)
+        )
         self.metrics = metrics
         self.mode = mode
         self.fraction = fraction
@@ -89,7 +99,12 @@ class KvAdmission:
 
     def _set(self, capacity: Capacity) -> None:
         self.ledger.set_capacity(capacity)
-        self.metrics.kv_capacity.set(capacity.tokens)
+        if self._engine_capacity is None:
+            self.metrics.kv_capacity.set(capacity.tokens)
+        else:  # one of several engines' gates: its share of the total
+            self.metrics.kv_capacity.inc(capacity.tokens - self._capacity_shown)
+            self._capacity_shown = capacity.tokens
+            self._engine_capacity.set(capacity.tokens)
 
     def tokens(self, need: Need | int) -> int:
         """What ``need`` costs on this engine: whole blocks, the prompt shared or not
@@ -127,7 +142,16 @@ class KvAdmission:
         if reservation.charge:
             gauge = self.metrics.kv_reserved
             gauge.inc(reservation.charge)
-            reservation.then(lambda held: gauge.dec(held.charge))  # grown or not
+            own = self._engine_reserved
+            if own is not None:
+                own.inc(reservation.charge)
+
+            def give_back(held: Reservation) -> None:  # grown or not
+                gauge.dec(held.charge)
+                if own is not None:
+                    own.dec(held.charge)
+
+            reservation.then(give_back)
         return reservation
 
     def grow(self, reservation: Reservation, tokens: int) -> None:
@@ -135,6 +159,8 @@ class KvAdmission:
         added = reservation.grow(tokens)
         if added:
             self.metrics.kv_reserved.inc(added)
+            if self._engine_reserved is not None:
+                self._engine_reserved.inc(added)
 
     async def admit_while_connected(
         self, need: Need | int, client_gone: asyncio.Future[None]

@@ -15,7 +15,8 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from proxy.upstream import ServedModel, Upstream
+from proxy.engines.served import ServedModel
+from proxy.upstream import Upstream
 
 log = logging.getLogger("trimproxy.tokens")
 

@@ -167,3 +167,20 @@ async def test_redis_down_closed_refuses(ledgers: Factory, redis_server: RedisSe
     with pytest.raises(LedgerUnavailable):
         await a.reserve(10, 1)
     redis_server.start()
+
+
+async def test_a_grown_reservation_is_seen_by_every_replica_and_released_whole(
+    ledgers: Factory, redis_server: RedisServer
+) -> None:
+    a, b = ledgers(1000), ledgers(1000)
+    held = await a.reserve(600, 1.0)
+    assert held.grow(300) == 300 and held.charge == 900
+    await eventually(lambda: reserved_in_redis(redis_server, a) == 900)
+    with pytest.raises(AdmissionTimeout):
+        await b.reserve(200, 0.2)  # 600 would have left room for it; 900 does not
+    held.release()
+    await eventually(lambda: reserved_in_redis(redis_server, a) == 0)
+    assert held.grow(50) == 0  # released: nothing comes back
+    await asyncio.sleep(0.05)
+    assert reserved_in_redis(redis_server, a) == 0
+    (await b.reserve(1000, 1.0)).release()

@@ -27,7 +27,10 @@ def test_the_first_block_sets_up_and_starts_the_demo_then_runs_the_tests() -> No
     assert re.search(r"\{ \.venv/bin/trimproxy serve --demo [^}]*& \}$", setup), setup
     assert tests == "bash scripts/test.sh"
     ci = (REPO_ROOT / ".ci" / "run").read_text("utf-8")
-    assert "exec bash scripts/test.sh" in ci
+    # The README's test command runs first and alone on its line (a failure stops CI:
+    # set -e), then the container test.
+    assert re.search(r"^(exec )?bash scripts/test\.sh$", ci, re.MULTILINE), ci
+    assert "set -euo pipefail" in ci
     assert ".[test]" in (REPO_ROOT / "scripts" / "test.sh").read_text("utf-8")
 
 

@@ -214,3 +214,44 @@ def start_sim_process(workdir: Path, dialect: str = "vllm", **config: Any) -> Si
                 f"the sim did not start (exit {proc.process.returncode}):\n{proc.logs()}"
             )
         time.sleep(0.02)
+
+
+class SimProcess:
+    """A sim in a child process on a fixed port, so it can be killed and restarted."""
+
+    def __init__(self, workdir: Path, port: int, host: str = "127.0.0.1") -> None:
+        self.workdir, self.port, self.host = workdir, port, host
+        self.url = f"http://{host}:{port}"
+        self.proc: LoggedProcess | None = None
+
+    def start(self) -> None:
+        config = json.dumps({"dialect": "vllm"})
+        args = [sys.executable, "-m", "proxy.sim", "--host", self.host,
+                "--port", str(self.port), "--config-json", config]  # fmt: skip
+        self.proc = LoggedProcess(
+            args, child_env(), self.workdir, f"sim-{self.host}-{self.port}-{time.time_ns()}"
+        )
+        deadline = time.monotonic() + 15
+        while SIM_READY_PREFIX not in self.proc.logs():
+            assert self.proc.alive() and time.monotonic() < deadline, self.proc.logs()
+            time.sleep(0.02)
+
+    def chat_requests(self) -> list[dict[str, Any]]:
+        """The chat requests it recorded (``/_sim/requests``), oldest first."""
+        response = httpx.get(
+            f"{self.url}/_sim/requests", params={"path": "/v1/chat/completions"}, timeout=10
+        )
+        response.raise_for_status()
+        records: list[dict[str, Any]] = response.json()
+        return records
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.process.kill()  # SIGKILL
+        self.proc.process.wait()
+        self.proc = None
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.stop()
+            self.proc = None

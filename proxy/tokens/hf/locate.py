@@ -6,12 +6,15 @@ against 404 k for Jinja's plain render of the bench's 20 messages
 (``bench/parts.py``). Most templates write a message as a header that depends on
 its role only, then its text. After a plain render, such a message's place can be
 found instead: its role's header, searched for after the previous message's text,
-with its own text right after it.
+with its own text right after it. An assistant's tool-call turn (``content``
+null or empty) has no text to check: it is placed by its header alone, and the calls the
+template writes lie between that and the next message's header; this is used only
+where it gave the tracked bounds on the check conversation that has one.
 
 The headers are learned at start-up from the tracked renderings of the check
 conversations, and a ``Locator`` is used only where it gave the tracked bounds on
 every check conversation it could place, and on at least one. A request it cannot
-place (content that is not a non-empty string, a role without one header, text
+place (content parts or an empty string, a role without one header, text
 the template changed) is rendered tracked, as before; a template that changes text
 on more than a fifth of its requests (one that strips reasoning from the history)
 stops being located, so that it does not render twice for long.
@@ -35,7 +38,7 @@ _GRACE = 32
 class Locator:
     """Places the messages of one template's plain renders (with or without tools)."""
 
-    __slots__ = ("headers", "missed", "placed", "refuted", "verified")
+    __slots__ = ("contentless", "headers", "missed", "placed", "refuted", "verified")
 
     def __init__(self) -> None:
         #: role -> the text between a message's bound and its content; None where two
@@ -45,6 +48,12 @@ class Locator:
         """Placed a check conversation exactly where the tracked rendering did."""
         self.refuted = False
         """Placed one elsewhere, or failed on too many requests: never used again."""
+        self.contentless: bool | None = None
+        """Whether a message without text (an assistant's ``tool_calls`` turn, its
+        ``content`` null, or ``""`` as vLLM's normalisation makes it) is placed by
+        its header alone: True once a check conversation with one was placed as
+        tracking places it, False once one was not (such requests are then rendered
+        tracked; the others are still placed)."""
         self.placed = 0
         self.missed = 0
 
@@ -72,31 +81,46 @@ class Locator:
 
     def verify(self, conversation: Sequence[dict[str, Any]], rendered: Rendered) -> None:
         """Compare with a tracked rendering: one disagreement and the locator is off."""
-        headers = self.headers_of(conversation)
+        contentless = any(not m.get("content") for m in conversation)
+        headers = self.headers_of(conversation, contentless=True)
         if headers is None:
             return
         got = self.locate(rendered.text, conversation, headers, rendered.bounds[-1])
         if got is None:
             return  # the template changed a text: no answer, and no wrong one
-        if got == rendered.bounds:
-            self.verified = True
-        else:
-            self.refuted = True
+        if not contentless:
+            self.verified = self.verified or got == rendered.bounds
+            self.refuted = self.refuted or got != rendered.bounds
+            return
+        # Messages without text are the only ones placed by header alone: a template
+        # that writes them otherwise turns that off, not the whole locator.
+        placed = got == rendered.bounds
+        self.contentless = placed and self.contentless is not False
+        self.verified = self.verified or placed
 
     # --- per request ----------------------------------------------------------------
 
-    def headers_of(self, conversation: Sequence[dict[str, Any]]) -> list[str] | None:
-        """Each message's header, or None when a message has no text to search for
-        (content that is not a non-empty string) or its role no header: known before
-        rendering, so such a request is rendered once, tracked."""
+    def headers_of(
+        self, conversation: Sequence[dict[str, Any]], *, contentless: bool | None = None
+    ) -> list[str] | None:
+        """Each message's header, or None when a message's role has no header or its
+        content is neither a non-empty string nor empty (null or ``""``: a
+        ``tool_calls`` turn, placed by its header alone where that was proven, ``contentless``):
+        known before rendering, so such a request is rendered once, tracked."""
+        if contentless is None:
+            contentless = self.contentless is True
         headers = self.headers
         out: list[str] = []
         append = out.append
         for message in conversation:
             content = message.get("content")
             header = headers.get(message.get("role"))  # type: ignore[arg-type]
-            if header is None or content.__class__ is not str or not content:
+            if header is None:
                 return None
+            if content.__class__ is not str or not content:
+                textless = content is None or content == ""
+                if not (contentless and textless):
+                    return None
             append(header)
         return out
 
@@ -117,12 +141,16 @@ class Locator:
             if start < 0:
                 return None
             pos = start + len(header)
-            content: str = message["content"]
+            append(start)
+            content = message.get("content")
+            if not content:
+                # A tool-call turn: what the template writes for its calls lies
+                # between its header and the next message's.
+                continue
             if not text.startswith(content, pos):
                 content = content.strip()  # templates that trim it
                 if not content or not text.startswith(content, pos):
                     return None
-            append(start)
             pos += len(content)
         if pos > end:
             return None

@@ -1,0 +1,1 @@
+"""Several engines behind one model (docs/engines.md): the engines, routing, health."""

@@ -1,0 +1,103 @@
+"""Which engine serves a request (``TRIMPROXY_ROUTING``): pure functions and the router.
+
+``session`` (the default) is rendezvous (highest-random-weight) hashing: each engine
+scores the session's key with a hash of both, and the engines in falling score are
+the session's *rendezvous order*. Every proxy replica computes the same order with no
+shared state, and when an engine leaves, only the sessions it led move (to their
+second engine); everyone else's first engine is unchanged. So a conversation's turns
+meet the prefix cache its earlier turns filled.
+
+Bounded load keeps a few heavy sessions from piling onto one engine: an engine whose
+load with this request would pass ``(1 + eps) x`` the mean is passed over for the
+session's next engine in its order (consistent hashing with bounded loads, Mirrokni
+et al. 2018). When none is under the bound, the least loaded takes it.
+
+``least_loaded`` and ``round_robin`` ignore the session (engines without a prefix cache,
+and comparisons).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Literal, TypeVar
+
+from proxy.engines.engine import Engine
+
+Policy = Literal["session", "least_loaded", "round_robin"]
+T = TypeVar("T")
+
+
+def score(key: str, engine: str) -> int:
+    """The rendezvous weight of ``engine`` for ``key``: 64 bits of a keyed hash."""
+    h = hashlib.blake2b(digest_size=8, person=b"trimproxy-hrw")
+    name = engine.encode()
+    h.update(len(name).to_bytes(4, "big"))  # length-prefixed: no ambiguous joins
+    h.update(name)
+    h.update(key.encode())
+    return int.from_bytes(h.digest(), "big")
+
+
+def rendezvous_order(key: str, names: Sequence[str]) -> list[int]:
+    """Indexes of ``names`` from the highest weight for ``key`` to the lowest."""
+    return sorted(range(len(names)), key=lambda i: (-score(key, names[i]), names[i]))
+
+
+def bounded_choice(
+    order: Sequence[int], loads: Sequence[float], load_factor: float, weight: float = 1.0
+) -> int:
+    """The first of ``order`` whose load with ``weight`` more stays within
+    ``(1 + load_factor) x`` the mean load (this request counted); else the least loaded
+    (the first in ``order`` among equals)."""
+    total = sum(loads) + weight
+    bound = (1.0 + load_factor) * total / len(loads)
+    for i in order:
+        if loads[i] + weight <= bound:
+            return i
+    return min(order, key=lambda i: loads[i])
+
+
+def least_loaded(loads: Sequence[float], start: int) -> int:
+    """The least loaded index; ties go to the first from ``start`` on (rotating)."""
+    n = len(loads)
+    return min(range(n), key=lambda k: (loads[(start + k) % n], k)) + start
+
+
+def session_order(
+    key: str,
+    engines: Sequence[T],
+    names: Sequence[str],
+    loads: Sequence[float],
+    load_factor: float,
+    weight: float = 1.0,
+) -> list[T]:
+    """``engines`` in the order a session tries them: its bounded choice first, then
+    the rest of its rendezvous order (the engine a failed request retries on)."""
+    order = rendezvous_order(key, names)
+    first = bounded_choice(order, loads, load_factor, weight)
+    return [engines[first], *(engines[i] for i in order if i != first)]
+
+
+class Router:
+    """The policy over an engine list's live engines; holds only a round-robin counter."""
+
+    def __init__(self, policy: Policy, load_factor: float) -> None:
+        self.policy = policy
+        self.load_factor = load_factor
+        self._next = 0
+
+    def order(
+        self, live: Sequence[Engine], key: str | None, weight: float = 1.0
+    ) -> Sequence[Engine]:
+        """The live engines in the order this request tries them (the first serves it)."""
+        if len(live) <= 1:
+            return live
+        if self.policy == "session" and key is not None:
+            names = [e.url for e in live]
+            loads = [e.load() for e in live]
+            return session_order(key, live, names, loads, self.load_factor, weight)
+        start = self._next % len(live)
+        self._next += 1
+        if self.policy == "least_loaded":
+            start = least_loaded([e.load() for e in live], start) % len(live)
+        return [*live[start:], *live[:start]]

@@ -1,0 +1,1 @@
+"""``trimproxy top``: a live terminal view of a running proxy, from its ``/metrics``."""

@@ -1,0 +1,168 @@
+"""Three simulated engines behind one real trimproxy: routing, failover, rejoining.
+
+Every test talks HTTP: the engines are ``proxy.sim`` servers on 127.0.0.1, the proxy is
+``trimproxy serve`` in a child process, and which engine served a request is read from
+the engines' own request records and the proxy's access log.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.observability.promtext import parse
+from tests.support.processes import ProxyProcess, free_port
+from tests.support.sim import SimProcess, SimUpstream, start_sim_thread
+
+SETTINGS = {"upstream_metrics_interval": 0, "tokenizer": "approx", "health_interval": 0.5}
+
+
+@pytest.fixture
+def sims() -> Iterator[list[SimUpstream]]:
+    engines = [start_sim_thread("vllm") for _ in range(3)]
+    yield engines
+    for sim in engines:
+        sim.stop()
+
+
+def chat(base: str, session: str, turn: int) -> httpx.Response:
+    body = {
+        "model": "sim-model",
+        "messages": [{"role": "user", "content": f"turn {turn} of {session}"}],
+        "max_tokens": 8,
+    }
+    return httpx.post(
+        f"{base}/v1/chat/completions", json=body, headers={"x-session-id": session}, timeout=30
+    )
+
+
+def sessions_seen(sim: SimUpstream) -> list[str]:
+    return [
+        next((v for k, v in r["headers"] if k.lower() == "x-session-id"), "")
+        for r in sim.chat_requests()
+    ]
+
+
+def test_session_routing_keeps_each_session_on_one_engine_across_two_proxies(
+    sims: list[SimUpstream],
+) -> None:
+    settings = {**SETTINGS, "upstream_url": ",".join(s.url for s in sims)}
+    with ProxyProcess(settings) as first, ProxyProcess(settings) as second:
+        for turn in range(3):
+            for i in range(9):
+                proxy = first if turn % 2 == 0 else second
+                r = chat(proxy.url, f"s{i}", turn)
+                assert r.status_code == 200, r.text
+    where: dict[str, set[int]] = {}
+    for index, sim in enumerate(sims):
+        for session in sessions_seen(sim):
+            where.setdefault(session, set()).add(index)
+    assert sorted(where) == [f"s{i}" for i in range(9)]
+    assert all(len(engines) == 1 for engines in where.values()), where
+    assert len({next(iter(e)) for e in where.values()}) > 1  # not all on one engine
+
+
+def test_round_robin_spreads_one_session(sims: list[SimUpstream]) -> None:
+    settings = {**SETTINGS, "upstream_url": ",".join(s.url for s in sims), "routing": "round_robin"}
+    with ProxyProcess(settings) as proxy:
+        for turn in range(6):
+            assert chat(proxy.url, "one", turn).status_code == 200
+        models = httpx.get(f"{proxy.url}/v1/models", timeout=10).json()
+        ready = httpx.get(f"{proxy.url}/readyz", timeout=10).json()
+    assert [len(sessions_seen(s)) for s in sims] == [2, 2, 2]
+    assert [m["id"] for m in models["data"]] == ["sim-model"]
+    assert ready["engines"] == 3 and ready["engines_up"] == 3
+
+
+def access_engines(proxy: ProxyProcess) -> list[dict[str, Any]]:
+    out = []
+    for line in proxy.logs().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if (
+            record.get("logger") == "trimproxy.access"
+            and record.get("path") == "/v1/chat/completions"
+        ):
+            out.append(record)
+    return out
+
+
+def wait_in_rotation(proxy: ProxyProcess, label: str) -> None:
+    """Until the proxy's prober has put the engine back (``trimproxy_engine_up``)."""
+    deadline = time.monotonic() + 30
+    while (
+        parse(httpx.get(f"{proxy.url}/metrics", timeout=10)).value(
+            "trimproxy_engine_up", engine=label
+        )
+        != 1
+    ):
+        assert time.monotonic() < deadline, proxy.logs()[-3000:]
+        time.sleep(0.1)
+
+
+def test_failover_rejoin_and_all_down(tmp_path: Path) -> None:
+    engines = [SimProcess(tmp_path, free_port()) for _ in range(3)]
+    try:
+        for engine in engines:
+            engine.start()
+        settings = {**SETTINGS, "upstream_url": ",".join(e.url for e in engines)}
+        with ProxyProcess(settings) as proxy:
+            names = [f"c{i}" for i in range(12)]
+
+            def round_of(turn: int) -> dict[str, str]:
+                before = len(access_engines(proxy))
+                for name in names:
+                    r = chat(proxy.url, name, turn)
+                    assert r.status_code == 200, r.text
+                time.sleep(0.2)  # the access lines are written after the answers
+                lines = access_engines(proxy)[before:]
+                assert len(lines) == len(names)
+                return dict(zip(names, (line["engine"] for line in lines), strict=True))
+
+            first = round_of(0)
+            assert round_of(1) == first
+            victim = engines[0]
+            label = victim.url.removeprefix("http://")
+            assert label in first.values()
+            victim.kill()
+            after = round_of(2)
+            down = parse(httpx.get(f"{proxy.url}/metrics", timeout=10))
+            assert (
+                down.value("trimproxy_engine_up", engine=label) == 0
+            )  # every request succeeds: refused connections fail over
+            for name in names:
+                if first[name] != label:
+                    assert after[name] == first[name], name  # the others stayed
+                else:
+                    assert after[name] != label
+            victim.start()  # on its old address
+            assert httpx.get(f"{proxy.url}/readyz", timeout=10).json()["engines_up"] == 3
+            wait_in_rotation(proxy, label)
+            assert round_of(3) == first  # it rejoins and serves its sessions again
+
+            for engine in engines:
+                engine.kill()
+            # Requests that find an engine still in the rotation get its 502; once every
+            # engine is out (refused connections, failed probes), 503.
+            answers = []
+            for _ in range(40):
+                answers.append(chat(proxy.url, "late", 9))
+                if answers[-1].status_code == 503:
+                    break
+                time.sleep(0.05)
+            last = answers[-1]
+            assert last.status_code == 503, [a.status_code for a in answers]
+            assert {a.status_code for a in answers[:-1]} <= {502}
+            assert last.json()["error"]["code"] == "no_engine_available"
+            assert int(last.headers["retry-after"]) >= 1
+    finally:
+        for engine in engines:
+            engine.stop()

@@ -1,0 +1,59 @@
+"""Per-engine KV admission and metrics, against two sim engines behind a real trimproxy."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.observability.promtext import parse
+from tests.support.processes import ProxyProcess
+from tests.support.sim import SimUpstream, start_sim_thread
+
+
+@pytest.fixture
+def sims() -> Iterator[list[SimUpstream]]:
+    engines = [start_sim_thread("vllm") for _ in range(2)]
+    yield engines
+    for sim in engines:
+        sim.stop()
+
+
+def test_each_engine_has_its_ledger_its_scrape_and_its_counters(sims: list[SimUpstream]) -> None:
+    settings = {
+        "upstream_url": ",".join(s.url for s in sims),
+        "tokenizer": "approx",
+        "routing": "round_robin",
+        "kv_admission": "auto",
+        "upstream_metrics_interval": 0.2,
+    }
+    labels = [s.url.removeprefix("http://") for s in sims]
+    with ProxyProcess(settings) as proxy:
+        deadline = time.monotonic() + 20
+        while True:  # until both engines' capacities were scraped
+            page = parse(httpx.get(f"{proxy.url}/metrics", timeout=10))
+            capacities = [
+                page.value("trimproxy_engine_kv_capacity_tokens", engine=x) for x in labels
+            ]
+            if all(capacities):
+                break
+            assert time.monotonic() < deadline, proxy.logs()[-3000:]
+            time.sleep(0.1)
+        for turn in range(4):
+            body = {"model": "sim-model", "messages": [{"role": "user", "content": f"hi {turn}"}]}
+            r = httpx.post(f"{proxy.url}/v1/chat/completions", json=body, timeout=30)
+            assert r.status_code == 200, r.text
+        time.sleep(0.5)  # a scrape or two after the answers
+        page = parse(httpx.get(f"{proxy.url}/metrics", timeout=10))
+    # Each engine's own capacity, and the total is their sum.
+    assert page.value("trimproxy_kv_capacity_tokens") == sum(capacities)
+    for label in labels:
+        assert page.value("trimproxy_engine_requests_total", engine=label) == 2
+        assert page.value("trimproxy_engine_up", engine=label) == 1
+        assert page.value("trimproxy_engine_kv_reserved_tokens", engine=label) == 0
+        assert page.has("trimproxy_engine_kv_cache_usage_ratio", engine=label)
+        assert page.has("trimproxy_engine_requests_running", engine=label)
+        assert page.has("trimproxy_engine_prefix_cache_hit_ratio", engine=label)
+    assert [len(s.chat_requests()) for s in sims] == [2, 2]
