@@ -215,6 +215,8 @@ def run_arm(
             port = free_port()
             argv = [str(router_python()), "--host", "127.0.0.1", "--port", str(port),
                     "--policy", arm.removeprefix("router-"),
+                # Its own exporter port: the default one may be taken (another router).
+                "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
                     "--worker-urls", *(e.base_url for e in used)]  # fmt: skip
             router = LoggedProcess(argv, {"PATH": "/usr/bin:/bin"}, workdir, f"router-{port}")
             stack.callback(router.stop)

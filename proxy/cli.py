@@ -77,7 +77,7 @@ def _parser() -> argparse.ArgumentParser:
         "--engines",
         type=int,
         default=1,
-        help="with --demo: how many simulated engines to start (the proxy uses the first) [1]",
+        help="with --demo: how many simulated engines to start, all behind the proxy [1]",
     )
     # Listed here for --help only: ``main`` hands ``trimproxy sim ...`` to the sim's own
     # parser before this one runs, so building this parser never imports the sim.
@@ -313,9 +313,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.command == "serve" and args.demo:
         child, args.demo_engine_urls = start_demo_engines(args.engines)
-        # TRIMPROXY_UPSTREAM_URL names one engine until routing lands: the proxy
-        # talks to the first; the others take requests sent to them directly.
-        args.upstream_url = args.demo_engine_urls[0]
+        # Every demo engine behind the proxy, routed by session (docs/engines.md).
+        args.upstream_url = ",".join(args.demo_engine_urls)
         # uvicorn re-raises the SIGTERM it handled once it has shut down; with the
         # default disposition that would kill this process before the finally below
         # stops the sim, leaving it running with no parent.

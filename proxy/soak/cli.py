@@ -61,6 +61,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="the engine's /metrics [the --compare URL's; else the upstream the proxy's "
         "/readyz names]; 'none' for an engine without one (FastChat)",
     )
+    add(
+        "--engine-metrics",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="one engine's /metrics; give it once per engine behind the proxy [every engine "
+        "the proxy's /readyz names]",
+    )
     add("--session-header", default="X-Session-ID", help="session id header [X-Session-ID]")
     add("--out", type=Path, metavar="DIR", help="output folder [soak-<timestamp>]")
     add("--max-kv-usage", type=_fraction, metavar="X", help="fail when the KV peak exceeds X")
@@ -81,6 +89,7 @@ def options_from(args: argparse.Namespace) -> SoakOptions:
         duration=None if args.turns else duration,
         turns=args.turns,
         metrics_url=args.metrics_url,
+        engine_metrics=tuple(args.engine_metrics),
         session_header=args.session_header,
         out=args.out or Path(time.strftime("soak-%Y%m%d-%H%M%S")),
         max_kv_usage=args.max_kv_usage,

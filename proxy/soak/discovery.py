@@ -1,21 +1,26 @@
-"""Before the load: is the target there, where is the engine's ``/metrics``, and
+"""Before the load: is the target there, where are the engines' ``/metrics``, and
 what does the engine say about its KV cache.
 
-The engine's ``/metrics`` is ``--metrics-url`` when given, else the ``--compare``
-URL's (that arm is the engine itself), else the upstream a trimproxy target names in
-its ``/readyz``, else the target's own page when it is an engine (it has ``vllm:``
-series). Otherwise the run stops before it starts and says which flag to pass.
+The engines' pages are ``--engine-metrics`` (any number) and ``--metrics-url`` when
+given; else every engine of a trimproxy target's upstream when its ``/readyz`` names
+several (a comma-separated list, or a ``dns+http://NAME:PORT`` name: each of its
+addresses, resolved here the way the system resolves names); else the ``--compare``
+URL's (that arm is the engine itself); else the one upstream ``/readyz`` names; else
+the target's own page when it is an engine (it has ``vllm:`` series). Otherwise the
+run stops before it starts and says which flag to pass.
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import orjson
 
+from proxy.engines.discovery import DiscoveryError, parse_dns_url
 from proxy.soak.options import SoakOptions, api_root
 from proxy.soak.sampler import EngineReading, parse_engine_metrics
 
@@ -97,33 +102,75 @@ async def model_window(
     return window if isinstance(window, int) else None
 
 
-async def metrics_url(session: aiohttp.ClientSession, options: SoakOptions) -> str | None:
-    """The engine's ``/metrics``; ``None`` when ``--metrics-url none`` turned it off."""
-    if options.metrics_url:
-        return None if options.metrics_url.lower() == NO_METRICS else options.metrics_url
-    if options.compare:
-        return f"{api_root(options.compare)}/metrics"
-    target = api_root(options.target)
-    with_flag = (
-        "pass the engine's metrics page with --metrics-url http://ENGINE:PORT/metrics, "
-        f"or {NO_METRICS_HINT}"
-    )
+async def resolve_engines(upstream: str) -> list[str]:
+    """The engines' root URLs of a proxy's upstream setting: each entry of a comma list,
+    and every address of a ``dns+http(s)://NAME:PORT`` entry."""
+    engines: list[str] = []
+    loop = asyncio.get_running_loop()
+    for entry in (part.strip() for part in upstream.split(",")):
+        if not entry:
+            continue
+        try:
+            name = parse_dns_url(entry)
+        except DiscoveryError as exc:
+            raise SetupError(f"the proxy's upstream {exc}") from None
+        if name is None:
+            engines.append(api_root(entry))
+            continue
+        try:
+            found = await loop.getaddrinfo(name.host, name.port, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            raise SetupError(
+                f"the proxy's upstream {entry} does not resolve here ({exc}); pass each "
+                "engine's page with --engine-metrics http://ENGINE:PORT/metrics"
+            ) from None
+        addresses = sorted({str(info[4][0]) for info in found})
+        engines.extend(api_root(name.engine_url(a)) for a in addresses)
+    return list(dict.fromkeys(engines))
+
+
+async def _readyz_engines(session: aiohttp.ClientSession, options: SoakOptions) -> list[str]:
+    """The engines a trimproxy target's ``/readyz`` names as its upstream; ``[]`` when
+    the target is no trimproxy (or says nothing)."""
     try:
-        status, body = await _get(session, f"{target}/readyz", options.headers())
+        status, body = await _get(session, f"{api_root(options.target)}/readyz", options.headers())
         upstream = orjson.loads(body).get("upstream") if status in (200, 503) else None
     except (*_ERRORS, orjson.JSONDecodeError, AttributeError):
         upstream = None
-    if isinstance(upstream, str) and upstream:
-        return f"{api_root(upstream)}/metrics"
+    return await resolve_engines(upstream) if isinstance(upstream, str) and upstream else []
+
+
+async def metrics_urls(session: aiohttp.ClientSession, options: SoakOptions) -> list[str]:
+    """The engines' ``/metrics`` pages; ``[]`` when ``--metrics-url none`` turned them off."""
+    given = [*options.engine_metrics]
+    if options.metrics_url:
+        if options.metrics_url.lower() == NO_METRICS:
+            if given:
+                raise SetupError("--metrics-url none turns engine metrics off; drop it or "
+                                 "--engine-metrics")  # fmt: skip
+            return []
+        given.insert(0, options.metrics_url)
+    if given:
+        return list(dict.fromkeys(given))
+    engines = await _readyz_engines(session, options)
+    if len(engines) > 1:  # the proxy routes over several: the target arm loads them all
+        return [f"{engine}/metrics" for engine in engines]
+    if options.compare:
+        return [f"{api_root(options.compare)}/metrics"]
+    if engines:
+        return [f"{engines[0]}/metrics"]
+    target = api_root(options.target)
     try:
         status, body = await _get(session, f"{target}/metrics", options.headers())
     except _ERRORS:
         status, body = 0, b""
     if status == 200 and b"vllm:" in body:
-        return f"{target}/metrics"
+        return [f"{target}/metrics"]
     raise SetupError(
         f"cannot tell where the engine's /metrics is: {target} names no upstream in /readyz "
-        f"and serves no vllm: metrics itself, and there is no --compare; {with_flag}"
+        f"and serves no vllm: metrics itself, and there is no --compare; pass each engine's "
+        f"metrics page with --engine-metrics http://ENGINE:PORT/metrics (--metrics-url for "
+        f"one), or {NO_METRICS_HINT}"
     )
 
 

@@ -42,6 +42,8 @@ class SoakOptions:
     #: Requests per conversation lane; ``None`` when ``duration`` bounds the run.
     turns: int | None = None
     metrics_url: str | None = None
+    #: ``--engine-metrics``: each engine's ``/metrics`` page, for several engines.
+    engine_metrics: tuple[str, ...] = ()
     session_header: str = "X-Session-ID"
     out: Path = Path("soak")
     max_kv_usage: float | None = None

@@ -16,7 +16,7 @@ from rich.table import Table
 
 from proxy.soak.options import Arm, SoakOptions
 from proxy.soak.records import RequestRecord, Sample
-from proxy.soak.summary import SUMMARY_FIELDS
+from proxy.soak.summary import SCALAR_FIELDS
 
 
 class SoakProgress:
@@ -98,7 +98,7 @@ def summary_table(summary: dict[str, Any]) -> Table:
     table.add_column("")
     for name in arms:
         table.add_column(name, justify="right")
-    for field in SUMMARY_FIELDS:
+    for field in SCALAR_FIELDS:
         table.add_row(field, *(_shown(summary[name][field]) for name in arms))
     engine = ", ".join(f"{k} {_shown(v)}" for k, v in summary["engine"].items())
     table.caption = f"engine: {engine}"

@@ -4,7 +4,7 @@ Both are plain dataclasses that become one JSON line each (``requests.jsonl``,
 ``samples.jsonl``); the summary and the report read them back from memory or from
 those files. A value the server did not report is ``None`` (``null``), never a guess;
 ``gpu_memory_used_mib`` is left out of a sample entirely where there is no
-``nvidia-smi``.
+``nvidia-smi``, ``engines`` where no engine's ``/metrics`` is sampled.
 """
 
 from __future__ import annotations
@@ -57,6 +57,21 @@ class RequestRecord:
         return cls(**{k: v for k, v in data.items() if k in names})
 
 
+#: One engine at one sample: ``kv_usage``, ``running``, ``waiting``,
+#: ``preemptions_total``, ``prefix_cache_hits_total``, ``prefix_cache_queries_total``
+#: (``None`` where the engine does not report one), or ``error`` alone.
+EngineFigures = dict[str, Any]
+
+ENGINE_FIELDS = (
+    "kv_usage",
+    "running",
+    "waiting",
+    "preemptions_total",
+    "prefix_cache_hits_total",
+    "prefix_cache_queries_total",
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Sample:
     arm: str
@@ -73,12 +88,18 @@ class Sample:
     gpu_memory_used_mib: list[float] | None = None
     """Per card, from ``nvidia-smi``; ``None`` (absent from the file) without one."""
     error: str | None = None
-    """Why this sample has no engine figures (the scrape failed)."""
+    """Why this sample has no engine figures (the scrape failed), or which engines'
+    scrapes failed where others answered."""
+    engines: dict[str, EngineFigures] | None = None
+    """Each engine's own figures, by ``host:port`` (the proxy's ``engine`` label); the
+    fields above are their sums (KV usage: the fullest engine)."""
 
     def to_json(self) -> bytes:
         data = dataclasses.asdict(self)
         if self.gpu_memory_used_mib is None:
             del data["gpu_memory_used_mib"]  # absent, not faked
+        if self.engines is None:
+            del data["engines"]
         return orjson.dumps(data)
 
     @classmethod

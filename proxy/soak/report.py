@@ -5,7 +5,9 @@ engine's KV-cache usage on one time axis: a bounded proxy shows a flat band (or 
 sawtooth, with session limits) under a flat KV curve; an unbounded client shows both
 rising until the engine refuses or preempts. A second figure holds what explains the
 first: preemptions and waiting requests, latency, and GPU memory where it was
-sampled. The arms share their axes' scales so that they compare at a glance.
+sampled. The arms share their axes' scales so that they compare at a glance. A run
+that sampled several engines gets their own curves too (``engines``), in the page and
+under the main figure in report.png.
 
 Figures are drawn with matplotlib's Agg canvas on ``Figure`` objects (no pyplot, so
 no global state) and inlined into the page as SVG.
@@ -21,10 +23,11 @@ from typing import Any
 
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
+from matplotlib.figure import Figure, SubFigure
 
+from proxy.soak.engines import draw_engines, engine_names, engines_figure, engines_table
 from proxy.soak.records import RequestRecord, Sample
-from proxy.soak.summary import SUMMARY_FIELDS
+from proxy.soak.summary import SCALAR_FIELDS
 
 _PROMPT, _SENT, _KV, _ERR, _WAIT, _PRE = (
     "#1f77b4", "#aec7e8", "#ff7f0e", "#d62728", "#9467bd", "#8c564b"
@@ -80,8 +83,18 @@ def _kv_axis(ax: Axes, samples: Sequence[Sample]) -> None:
 def main_figure(
     records: Sequence[RequestRecord], samples: Sequence[Sample], titles: dict[str, str]
 ) -> Figure:
+    fig = Figure(figsize=(6.4 * max(1, len(_arms(records, samples))), 4.2), layout="constrained")
+    draw_main(fig, records, samples, titles)
+    return fig
+
+
+def draw_main(
+    fig: Figure | SubFigure,
+    records: Sequence[RequestRecord],
+    samples: Sequence[Sample],
+    titles: dict[str, str],
+) -> None:
     arms = _arms(records, samples)
-    fig = Figure(figsize=(6.4 * max(1, len(arms)), 4.2), layout="constrained")
     axes = fig.subplots(1, max(1, len(arms)), sharey=True, squeeze=False)[0]
     for ax, arm in zip(axes, arms, strict=False):
         mine = [r for r in records if r.arm == arm]
@@ -105,7 +118,6 @@ def main_figure(
         _kv_axis(ax, [s for s in samples if s.arm == arm])
     axes[0].set_ylabel("prompt tokens per request")
     axes[0].set_ylim(bottom=0)
-    return fig
 
 
 def detail_figure(
@@ -166,7 +178,7 @@ def _table(summary: dict[str, Any]) -> str:
     arms = [name for name in ("target", "compare") if summary.get(name)]
     head = "".join(f"<th>{html.escape(a)}</th>" for a in arms)
     rows = []
-    for field in SUMMARY_FIELDS:
+    for field in SCALAR_FIELDS:
         cells = "".join(f"<td>{html.escape(_cell(summary[a][field]))}</td>" for a in arms)
         rows.append(f"<tr><th>{field}</th>{cells}</tr>")
     return f"<table><tr><th></th>{head}</tr>{''.join(rows)}</table>"
@@ -199,6 +211,33 @@ svg { max-width: 100%; height: auto; }
 """
 
 
+_ENGINES_TEXT = """<p>Each engine's own curves (by the proxy's <code>engine</code> label,
+host:port); the figures above fold them (KV usage: the fullest engine; counts: summed). The
+hit ratio counts from the arm's start; the cluster's is the engines' hits over their
+queries, summed.</p>"""
+
+
+def _png(
+    path: Path,
+    records: Sequence[RequestRecord],
+    samples: Sequence[Sample],
+    titles: dict[str, str],
+    several: bool,
+) -> None:
+    """The main figure; with several engines, their curves under it."""
+    arms = _arms(records, samples)
+    if not several:
+        fig = main_figure(records, samples, titles)
+    else:
+        fig = Figure(figsize=(6.4 * max(1, len(arms)), 11.7), layout="constrained")
+        parts = fig.subfigures(2, 1, squeeze=False, height_ratios=[4.2, 7.5])
+        top, bottom = parts[0][0], parts[1][0]
+        draw_main(top, records, samples, titles)
+        draw_engines(bottom, samples, arms, titles)
+    FigureCanvasAgg(fig)
+    fig.savefig(path, dpi=110)
+
+
 def write_report(
     out: Path,
     summary: dict[str, Any],
@@ -208,10 +247,13 @@ def write_report(
     reasons: Sequence[str],
 ) -> None:
     titles = {name: f"{name}: {run[name]}" for name in ("target", "compare") if run.get(name)}
-    main = main_figure(records, samples, titles)
-    FigureCanvasAgg(main)
-    main.savefig(out / "report.png", dpi=110)
-    main_svg = _svg(main)
+    several = len(engine_names(samples)) > 1
+    _png(out / "report.png", records, samples, titles, several)
+    main_svg = _svg(main_figure(records, samples, titles))
+    engines = ""
+    if several:
+        svg = _svg(engines_figure(samples, _arms(records, samples), titles))
+        engines = f"<h2>Engines</h2>{_ENGINES_TEXT}{svg}{engines_table(summary)}"
     detail_svg = _svg(detail_figure(records, samples, titles))
     verdict = (
         '<p class="verdict fail">exit 1: ' + html.escape("; ".join(reasons)) + "</p>"
@@ -233,6 +275,7 @@ refuses (red crosses) or preempts.</p>
 {main_svg}
 <h2>Preemptions, waiting requests, latency</h2>
 {detail_svg}
+{engines}
 <h2>Summary</h2>
 {_table(summary)}
 <h2>Engine</h2>

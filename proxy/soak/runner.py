@@ -21,7 +21,7 @@ from proxy.soak.discovery import (
     SetupError,
     engine_info,
     first_reading,
-    metrics_url,
+    metrics_urls,
     model_window,
 )
 from proxy.soak.driver import ArmDriver
@@ -66,6 +66,7 @@ def _line_writer(handle: IO[bytes], into: list[Any]) -> Callable[[Any], None]:
 
 
 async def _wait_idle(sampler: EngineSampler) -> None:
+    """Until no engine runs or queues anything (their counts are summed)."""
     deadline = time.monotonic() + IDLE_TIMEOUT
     while time.monotonic() < deadline:
         try:
@@ -85,10 +86,10 @@ async def run_soak(options: SoakOptions, listener: Listener) -> SoakResult:
     walls: dict[str, float] = {}
     async with aiohttp.ClientSession() as session:
         windows = [await model_window(session, options, arm.url) for arm in options.arms()]
-        url = await metrics_url(session, options)
-        reading: EngineReading | None = None
-        if url is not None:
-            reading = await first_reading(session, url, options.headers())
+        urls = await metrics_urls(session, options)
+        # Every engine's page, once, so that a wrong URL fails before the load.
+        readings = [await first_reading(session, url, options.headers()) for url in urls]
+        reading: EngineReading | None = readings[0] if readings else None
         with (
             (options.out / "requests.jsonl").open("wb") as requests_file,
             (options.out / "samples.jsonl").open("wb") as samples_file,
@@ -104,12 +105,12 @@ async def run_soak(options: SoakOptions, listener: Listener) -> SoakResult:
                 on_sample(item)
                 listener.on_sample(item)
 
-            sampler = EngineSampler(session, url, options.headers(), sample)
+            sampler = EngineSampler(session, urls, options.headers(), sample)
             for arm in options.arms():
-                if url is not None:
+                if urls:
                     await _wait_idle(sampler)
                 listener.start_arm(arm)
-                walls[arm.name] = await _run_arm(options, arm, run_id, sampler, url, record)
+                walls[arm.name] = await _run_arm(options, arm, run_id, sampler, record)
                 listener.finish_arm()
         reading = sampler.last_reading or reading
     summary: dict[str, Any] = {"target": None, "compare": None}
@@ -120,7 +121,7 @@ async def run_soak(options: SoakOptions, listener: Listener) -> SoakResult:
             walls[arm.name],
         )
     summary["engine"] = engine_info(reading, windows[-1] or windows[0]).as_dict()
-    run = {**options.describe(), "metrics_url": url, "run_id": run_id}
+    run = {**options.describe(), "metrics_urls": urls, "run_id": run_id}
     (options.out / "summary.json").write_bytes(
         orjson.dumps(summary, option=orjson.OPT_INDENT_2) + b"\n"
     )
@@ -132,13 +133,12 @@ async def _run_arm(
     arm: Arm,
     run_id: str,
     sampler: EngineSampler,
-    url: str | None,
     on_record: Callable[[RequestRecord], None],
 ) -> float:
     stop = asyncio.Event()
     started = time.monotonic()
     sampling = None
-    if url is not None or sampler.nvidia_smi:
+    if sampler.metrics_urls or sampler.nvidia_smi:
         sampling = asyncio.create_task(sampler.run(arm.name, started, stop))
     try:
         return await ArmDriver(options, arm, run_id, on_record).run(started)

@@ -7,6 +7,11 @@ only flatter the arm that fails most. Engine counters (preemptions, prefix-cache
 and queries) are taken as their increase over the arm, so an engine that ran before
 the soak, or the other arm, adds nothing; a counter that drops (the engine restarted)
 counts its new value as increase. A figure the engine does not report is ``None``.
+
+Several engines: each engine's counters are taken per engine and then summed, so the
+prefix-cache hit ratio is the cluster's (the sum over the engines of their hits'
+increase over the sum of their queries'), and a scrape that failed on one engine for
+a sample never reads as a counter reset. ``engines`` holds each engine's own figures.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from proxy.soak.records import RequestRecord, Sample
+from proxy.soak.records import EngineFigures, RequestRecord, Sample
 
 SUMMARY_FIELDS = (
     "requests",
@@ -34,6 +39,21 @@ SUMMARY_FIELDS = (
     "completion_tokens_per_second",
     "latency_p50_seconds",
     "latency_p99_seconds",
+    "engines",
+)
+
+#: The one-line figures, as the tables show them (``engines`` gets its own table).
+SCALAR_FIELDS = SUMMARY_FIELDS[:-1]
+
+ENGINE_SUMMARY_FIELDS = (
+    "kv_usage_peak",
+    "kv_usage_mean",
+    "running_peak",
+    "waiting_peak",
+    "preemptions",
+    "prefix_cache_hits",
+    "prefix_cache_queries",
+    "prefix_cache_hit_ratio",
 )
 
 
@@ -63,6 +83,49 @@ def _round(value: float | None, digits: int) -> float | None:
     return None if value is None else round(value, digits)
 
 
+def _ratio(hits: float | None, queries: float | None) -> float | None:
+    return _round(hits / queries, 4) if hits is not None and queries else None
+
+
+def _peak(values: Iterable[float | None]) -> float | None:
+    seen = [v for v in values if v is not None]
+    return max(seen) if seen else None
+
+
+def engine_summary(series: Sequence[EngineFigures]) -> dict[str, Any]:
+    """One engine's figures over an arm, from its entries in the samples."""
+    ok = [f for f in series if "error" not in f]
+    kv = [f["kv_usage"] for f in ok if f.get("kv_usage") is not None]
+    running, waiting = _peak(f.get("running") for f in ok), _peak(f.get("waiting") for f in ok)
+    preemptions = counter_increase(f.get("preemptions_total") for f in ok)
+    hits = counter_increase(f.get("prefix_cache_hits_total") for f in ok)
+    queries = counter_increase(f.get("prefix_cache_queries_total") for f in ok)
+    return {
+        "kv_usage_peak": _round(max(kv), 4) if kv else None,
+        "kv_usage_mean": _round(sum(kv) / len(kv), 4) if kv else None,
+        "running_peak": None if running is None else int(running),
+        "waiting_peak": None if waiting is None else int(waiting),
+        "preemptions": None if preemptions is None else int(preemptions),
+        "prefix_cache_hits": None if hits is None else int(hits),
+        "prefix_cache_queries": None if queries is None else int(queries),
+        "prefix_cache_hit_ratio": _ratio(hits, queries),
+    }
+
+
+def engines_summary(samples: Sequence[Sample]) -> dict[str, dict[str, Any]]:
+    """Each engine that any sample names, in the order they were first seen."""
+    series: dict[str, list[EngineFigures]] = {}
+    for s in samples:
+        for name, entry in (s.engines or {}).items():
+            series.setdefault(name, []).append(entry)
+    return {name: engine_summary(entries) for name, entries in series.items()}
+
+
+def _summed(engines: dict[str, dict[str, Any]], field: str) -> float | None:
+    values = [e[field] for e in engines.values() if e[field] is not None]
+    return float(sum(values)) if values else None
+
+
 def arm_summary(
     records: Sequence[RequestRecord], samples: Sequence[Sample], wall_seconds: float
 ) -> dict[str, Any]:
@@ -74,11 +137,19 @@ def arm_summary(
     latencies = [r.latency_seconds for r in ok]
     kv = [s.kv_usage for s in samples if s.kv_usage is not None]
     waiting = [s.waiting for s in samples if s.waiting is not None]
-    hits = counter_increase(s.prefix_cache_hits_total for s in samples)
-    queries = counter_increase(s.prefix_cache_queries_total for s in samples)
+    engines = engines_summary(samples)
+    if engines:
+        hits, queries = (
+            _summed(engines, "prefix_cache_hits"),
+            _summed(engines, "prefix_cache_queries"),
+        )
+        preemptions = _summed(engines, "preemptions")
+    else:  # samples written before engines were sampled one by one
+        hits = counter_increase(s.prefix_cache_hits_total for s in samples)
+        queries = counter_increase(s.prefix_cache_queries_total for s in samples)
+        preemptions = counter_increase(s.preemptions_total for s in samples)
     completion = sum(r.completion_tokens or 0 for r in ok)
     by_status = Counter(r.error_key or "unknown" for r in failed)
-    preemptions = counter_increase(s.preemptions_total for s in samples)
     return {
         "requests": len(records),
         "errors": len(failed),
@@ -89,15 +160,14 @@ def arm_summary(
         "kv_usage_mean": _round(sum(kv) / len(kv), 4) if kv else None,
         "preemptions": None if preemptions is None else int(preemptions),
         "waiting_peak": int(max(waiting)) if waiting else None,
-        "prefix_cache_hit_ratio": _round(hits / queries, 4)
-        if hits is not None and queries
-        else None,
+        "prefix_cache_hit_ratio": _ratio(hits, queries),
         "wall_seconds": round(wall_seconds, 3),
         "completion_tokens_per_second": (
             round(completion / wall_seconds, 2) if wall_seconds > 0 else None
         ),
         "latency_p50_seconds": _round(percentile(latencies, 0.5), 4),
         "latency_p99_seconds": _round(percentile(latencies, 0.99), 4),
+        "engines": engines,
     }
 
 

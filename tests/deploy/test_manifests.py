@@ -217,3 +217,14 @@ def test_generated_files_are_up_to_date(path: Path) -> None:
     assert path.read_text() == GENERATED[path](), (
         f"{path.relative_to(ROOT)} is stale: run `{REGENERATE}`"
     )
+
+
+def test_the_engines_service_is_headless() -> None:
+    # One DNS record per ready vLLM pod, for dns+http:// discovery of the engines; a
+    # cluster IP would balance every turn over the engines and split their prefix caches.
+    service = kube_object("Service", "vllm-headless")["spec"]
+    assert service["clusterIP"] == "None"
+    assert service["publishNotReadyAddresses"] is False
+    assert service["selector"]
+    (port,) = service["ports"]
+    assert (port["name"], port["port"], port["protocol"]) == ("http", 8000, "TCP")

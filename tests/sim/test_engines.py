@@ -70,7 +70,7 @@ def _free_port() -> int:
         return port
 
 
-def test_serve_demo_engines_prints_each_and_proxies_to_the_first(tmp_path: Path) -> None:
+def test_serve_demo_engines_prints_each_and_routes_over_them(tmp_path: Path) -> None:
     port = _free_port()
     args = [sys.executable, "-m", "proxy.cli", "serve", "--demo", "--engines", "3",
             "--port", str(port)]  # fmt: skip
@@ -87,10 +87,14 @@ def test_serve_demo_engines_prints_each_and_proxies_to_the_first(tmp_path: Path)
                 pass
             assert proc.alive() and time.monotonic() < deadline, proc.logs()
             time.sleep(0.1)
-        body = {"model": "sim-model", "messages": [{"role": "user", "content": "hello"}]}
-        answer = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=30)
-        assert answer.status_code == 200, answer.text
-        assert [_hits(url)[1] > 0 for url in urls] == [True, False, False]
+        ready = httpx.get(f"http://127.0.0.1:{port}/readyz").json()
+        assert (ready["engines"], ready["engines_up"]) == (3, 3)
+        for i in range(9):  # nine sessions, routed over the three engines
+            body = {"model": "sim-model", "messages": [{"role": "user", "content": f"hello {i}"}]}
+            answer = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body,
+                                headers={"x-session-id": f"s{i}"}, timeout=30)  # fmt: skip
+            assert answer.status_code == 200, answer.text
+        assert sum(_hits(url)[1] > 0 for url in urls) >= 2  # not all on one engine
     finally:
         proc.process.send_signal(signal.SIGINT)
         try:

@@ -25,7 +25,8 @@ def test_help_lists_soak_and_its_flags() -> None:
     assert "soak" in trimproxy("--help").stdout
     text = trimproxy("soak", "--help").stdout
     for flag in ("--target", "--compare", "--model", "--conversations", "--turn-tokens",
-                 "--max-tokens", "--duration", "--turns", "--metrics-url", "--session-header",
+                 "--max-tokens", "--duration", "--turns", "--metrics-url", "--engine-metrics",
+                 "--session-header",
                  "--out", "--max-kv-usage", "--seed", "--api-key"):  # fmt: skip
         assert flag in text, flag
 

@@ -110,6 +110,8 @@ def test_arm_summary_on_synthetic_data() -> None:
         "completion_tokens_per_second": 6.0,
         "latency_p50_seconds": 2.0,
         "latency_p99_seconds": 2.98,
+        # These samples name no engines (written before engines were sampled one by one).
+        "engines": {},
     }
 
 
@@ -225,3 +227,25 @@ def test_urls_and_arms() -> None:
     assert SoakOptions(target="t", model="m", api_key="k").headers() == {
         "Authorization": "Bearer k"
     }
+
+
+def test_cluster_hit_ratio_sums_each_engines_increase() -> None:
+    def engine(hits: float, queries: float, kv: float) -> dict[str, Any]:
+        return {"kv_usage": kv, "running": 1.0, "waiting": 0.0, "preemptions_total": 0.0,
+                "prefix_cache_hits_total": hits, "prefix_cache_queries_total": queries}  # fmt: skip
+
+    samples = [
+        sample(0.0, engines={"a:1": engine(10, 100, 0.1), "b:2": engine(0, 50, 0.2)}),
+        # b's scrape failed here: that is no counter reset, b's later count is no increase.
+        sample(0.5, engines={"a:1": engine(40, 200, 0.3), "b:2": {"error": "refused"}}),
+        sample(1.0, engines={"a:1": engine(70, 300, 0.2), "b:2": engine(5, 100, 0.6)}),
+    ]
+    summary = arm_summary([record()], samples, wall_seconds=1.0)
+    a, b = summary["engines"]["a:1"], summary["engines"]["b:2"]
+    assert (a["prefix_cache_hits"], a["prefix_cache_queries"]) == (60, 200)
+    assert (b["prefix_cache_hits"], b["prefix_cache_queries"]) == (5, 50)
+    assert a["prefix_cache_hit_ratio"] == 0.3 and b["prefix_cache_hit_ratio"] == 0.1
+    assert (a["kv_usage_peak"], b["kv_usage_peak"]) == (0.3, 0.6)
+    assert b["kv_usage_mean"] == 0.4 and a["running_peak"] == 1
+    # (60 + 5) hits of (200 + 50) queries: the cluster's, not the mean of the two ratios.
+    assert summary["prefix_cache_hit_ratio"] == 0.26
