@@ -48,29 +48,72 @@ pick_engine() {
   case $ENGINE in docker | podman) ;; *) fail "CONTAINER_ENGINE=$ENGINE: docker or podman" ;; esac
 }
 
-# podman's settings that a sandboxed machine needs, in a drop-in file of their own, and
+# podman's settings that a sandboxed machine needs, in a drop-in file of its own, and
 # only those the machine needs: runc where the cgroup hierarchy is not unified (crun
-# refuses a hybrid one), and ulimits no higher than the host's hard limits (the sandbox
-# cannot raise them; podman's defaults are higher).
-configure_podman() {
-  local conf=/etc/containers/containers.conf.d/60-trimproxy-ci.conf settings=
-  if [ "$(stat -fc %T /sys/fs/cgroup)" != cgroup2fs ] \
-    && ! grep -rqs '^ *runtime *=' /etc/containers/containers.conf /etc/containers/containers.conf.d; then
-    settings+=$'[engine]\nruntime = "runc"\n'
+# refuses a hybrid one), and ulimits the sandbox lets a container have (podman asks
+# for 1048576 files and processes; without CAP_SYS_RESOURCE no hard limit can be raised,
+# and the sandbox caps what a container's init gets below the host shell's limits).
+PODMAN_CONF=/etc/containers/containers.conf.d/60-trimproxy-ci.conf
+RUNTIME_SETTINGS= ULIMIT_SETTINGS=
+
+# Whether a setting is made in podman's configuration other than our drop-in.
+configured_elsewhere() {
+  grep -rqs --exclude="$(basename "$PODMAN_CONF")" "^ *$1 *=" \
+    /etc/containers/containers.conf /etc/containers/containers.conf.d
+}
+
+write_podman_conf() {
+  local settings=$RUNTIME_SETTINGS$ULIMIT_SETTINGS
+  if [ -z "$settings" ]; then
+    if [ -f "$PODMAN_CONF" ]; then step "removing $PODMAN_CONF (not needed)"; rm -f "$PODMAN_CONF"; fi
+  elif [ "$(cat "$PODMAN_CONF" 2>/dev/null)" != "${settings%$'\n'}" ]; then
+    step "writing $PODMAN_CONF"
+    mkdir -p "$(dirname "$PODMAN_CONF")" && printf '%s' "$settings" >"$PODMAN_CONF"
   fi
-  local nofile nproc
-  nofile=$(ulimit -Hn) nproc=$(ulimit -Hu)
-  if [ "$nofile" != unlimited ] && [ "$nofile" -lt 1048576 ] \
-    && ! grep -rqs '^ *default_ulimits' /etc/containers/containers.conf /etc/containers/containers.conf.d; then
-    # nproc at the host's hard limit was still refused here; 32768 is plenty.
-    if [ "$nproc" = unlimited ] || [ "$nproc" -gt 32768 ]; then nproc=32768; fi
-    settings+=$'[containers]\n'"default_ulimits = [\"nofile=$nofile:$nofile\", \"nproc=$nproc:$nproc\"]"$'\n'
+}
+
+configure_runtime() {
+  if [ "$(stat -fc %T /sys/fs/cgroup)" != cgroup2fs ] && ! configured_elsewhere runtime; then
+    RUNTIME_SETTINGS=$'[engine]\nruntime = "runc"\n'
   fi
-  if [ -n "$settings" ] && [ "$(cat "$conf" 2>/dev/null)" != "${settings%$'\n'}" ]; then
-    step "writing $conf"
-    mkdir -p "$(dirname "$conf")" && printf '%s' "$settings" >"$conf"
+  # Our old ulimits stay until the probe below has checked them.
+  if grep -qs default_ulimits "$PODMAN_CONF"; then
+    ULIMIT_SETTINGS=$(sed -n '/^\[containers\]/,$p' "$PODMAN_CONF")$'\n'
   fi
-  return 0
+  write_podman_conf
+}
+
+# Whether a container starts from image $1 with the ulimits given after it.
+starts() {
+  local image=$1
+  shift
+  podman run --rm --network none "$@" "$image" true >/dev/null 2>&1
+}
+
+# The largest limit of kind $2 (nofile, nproc), from the host's hard limit $3 halving
+# down, that a container of image $1 may have (the other kind held low meanwhile).
+largest_limit() {
+  local image=$1 kind=$2 n=$3 other=nproc
+  if [ "$kind" = nproc ]; then other=nofile; fi
+  if [ "$n" = unlimited ]; then n=1048576; fi
+  while [ "$n" -ge 1024 ]; do
+    starts "$image" --ulimit "$kind=$n:$n" --ulimit "$other=1024:1024" && { echo "$n"; return; }
+    n=$((n / 2))
+  done
+  fail "podman cannot start a container with even $kind=1024: see \`podman run --rm $image true\`"
+}
+
+configure_ulimits() {
+  local image=$1 nofile nproc
+  if starts "$image"; then return; fi
+  if configured_elsewhere default_ulimits; then
+    fail "podman cannot start a container (\`podman run --rm $image true\`) with the default_ulimits set in /etc/containers"
+  fi
+  nofile=$(largest_limit "$image" nofile "$(ulimit -Hn)")
+  nproc=$(largest_limit "$image" nproc "$(ulimit -Hu)")
+  ULIMIT_SETTINGS=$'[containers]\n'"default_ulimits = [\"nofile=$nofile:$nofile\", \"nproc=$nproc:$nproc\"]"$'\n'
+  write_podman_conf
+  starts "$image" || fail "podman still cannot start a container with $PODMAN_CONF"
 }
 
 setup_engine() {
@@ -84,7 +127,7 @@ setup_engine() {
   fi
   if [ ${#missing[@]} -gt 0 ]; then apt_install "${missing[@]}"; fi
   if [ "$ENGINE" = podman ]; then
-    configure_podman
+    configure_runtime
     # PyPI's podman-compose 1.x (Debian's 1.0.3 lacks `config`, stop_grace_period),
     # in a venv of its own: it is CI's tool, not a dependency of trimproxy.
     local venv=$CACHE/podman-compose
@@ -153,6 +196,7 @@ pick_engine
 step "engine: $ENGINE"
 setup_engine
 PYTHON_BASE=$(base_image python)
+if [ "$ENGINE" = podman ]; then configure_ulimits "$PYTHON_BASE"; fi
 REDIS_IMAGE=$(base_image redis)
 PROMETHEUS_IMAGE=$(base_image prometheus)
 build_image "$PYTHON_BASE"
