@@ -49,7 +49,6 @@ from tests.support.processes import (  # noqa: E402
     LoggedProcess,
     ProxyProcess,
     free_port,
-    wait_for_http,
 )
 from tests.support.tiny_model import cache_root  # noqa: E402
 from tests.support.vllm_stack import VllmStack, build_vllm_model  # noqa: E402
@@ -104,6 +103,21 @@ def router_python() -> Path:
             subprocess.run(pip, check=True, stdout=log, stderr=subprocess.STDOUT)
         marker.write_text(ROUTER_PIN)
     return venv / "bin" / "vllm-router"
+
+
+def wait_until_healthy(url: str, proc: LoggedProcess, timeout: float = 120.0) -> None:
+    """vllm-router's ``/health`` answers 200 with plain text (not JSON) once it serves."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not proc.alive():
+            raise RuntimeError(f"vllm-router exited:\n{proc.logs()[-3000:]}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"vllm-router not healthy after {timeout:.0f} s:\n{proc.logs()[-3000:]}")
 
 
 def user_text(rng: random.Random, words: int) -> str:
@@ -220,11 +234,7 @@ def run_arm(
                     "--worker-urls", *(e.base_url for e in used)]  # fmt: skip
             router = LoggedProcess(argv, {"PATH": "/usr/bin:/bin"}, workdir, f"router-{port}")
             stack.callback(router.stop)
-            wait_for_http(
-                f"http://127.0.0.1:{port}/health",
-                timeout=120,
-                procs=[("vllm-router", router.process, router.log_path)],
-            )
+            wait_until_healthy(f"http://127.0.0.1:{port}/health", router)
             url = f"http://127.0.0.1:{port}/v1/chat/completions"
             window = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         else:
