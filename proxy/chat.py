@@ -39,6 +39,16 @@ def _optional_int(body: JSONObject, name: str) -> int | None:
     return value
 
 
+def _answers(body: JSONObject) -> int:
+    """How many answers ``n`` asks for, for the KV reservation. A value that is not a
+    positive integer is the engine's to refuse, in its own words (its error body is
+    relayed as it is): it counts as one here."""
+    value = body.get("n")
+    if isinstance(value, int) and not isinstance(value, bool) and value > 1:
+        return value
+    return 1
+
+
 #: Deeper than orjson writes (it reads 1024 levels, writes fewer than 255): a body
 #: that could not be re-serialised after trimming, or hashed for a session, is
 #: refused up front, so no later step can fail on it with a 500.
@@ -115,7 +125,7 @@ def parse_chat(raw: bytes) -> ChatRequest:
         stream=bool(stream),
         tools=tools or None,
         user=user if isinstance(user, str) and user else None,
-        n=_optional_int(body, "n") or 1,
+        n=_answers(body),
     )
 
 

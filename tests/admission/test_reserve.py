@@ -65,13 +65,6 @@ def test_the_cap_is_written_where_the_engine_reads_it() -> None:
     assert with_allowance(within, allowance_for(within, 300, 512)) is within
 
 
-def test_bad_n_is_refused() -> None:
-    from proxy.errors import InvalidRequest
-
-    with pytest.raises(InvalidRequest, match="'n'"):
-        chat(n=0)
-
-
 def gate(metrics: Metrics, tokens: int = 10_000) -> KvAdmission:
     return KvAdmission(
         MemoryLedger(None), metrics, mode="fixed", fraction=1.0, timeout=0.05, fixed_tokens=tokens
@@ -134,3 +127,17 @@ async def test_a_non_streamed_overrun_is_read_from_usage() -> None:
     assert metrics.registry.get_sample_value("trimproxy_admission_overrun_total") == 1
     assert metrics.registry.get_sample_value("trimproxy_admission_overrun_tokens_total") == 30
     held.release()
+
+
+@pytest.mark.parametrize("value", [0, -2, "2", True, None, 1.5])
+def test_an_n_the_engine_would_refuse_counts_as_one_answer(value: object) -> None:
+    """The proxy does not judge ``n``: the engine refuses it in its own words (relayed
+    byte for byte, tests/e2e/test_vllm.py); the reservation counts one answer."""
+    body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}], "n": value})
+    assert parse_chat(body).n == 1
+    assert parse_chat(body.replace(b'"n"', b'"top_p"')).n == 1
+
+
+def test_n_above_one_is_counted() -> None:
+    body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 3})
+    assert parse_chat(body).n == 3
