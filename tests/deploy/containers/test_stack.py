@@ -62,6 +62,24 @@ def test_a_chat_completion_goes_through(stack: Stack) -> None:
         assert body["usage"]["prompt_tokens"] > 0
 
 
+def test_each_replica_routes_over_the_three_engines(stack: Stack) -> None:
+    for url in stack.proxy_urls:
+        ready = httpx.get(f"{url}/readyz", timeout=10).json()
+        assert (ready["engines"], ready["engines_up"]) == (3, 3), ready
+    sent: dict[str, float] = {}
+    for i in range(9):  # nine sessions: rendezvous hashing spreads them
+        assert (
+            chat(
+                stack.proxy_urls[0], conversation(1), **{"X-Session-ID": f"spread-{i}"}
+            ).status_code
+            == 200
+        )
+    for line in httpx.get(f"{stack.proxy_urls[0]}/metrics", timeout=10).text.splitlines():
+        if line.startswith("trimproxy_engine_requests_total{"):
+            sent[line.split('"')[1]] = float(line.rsplit(" ", 1)[1])
+    assert len(sent) == 3 and sum(1 for n in sent.values() if n > 0) >= 2, sent
+
+
 def test_a_sessions_turn_limit_holds_across_the_replicas(stack: Stack) -> None:
     """TRIMPROXY_SESSION_MAX_TURNS=2, reset (compose.ci.yaml). Turn 3 on replica A
     resets the session; turn 4 on replica B must count from that reset point (turn 2):
