@@ -149,6 +149,10 @@ def connection_failed(exc: BaseException) -> bool:
     return isinstance(cause, (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError))
 
 
+#: Seconds an idle upstream connection is kept for reuse (below uvicorn's 5 s).
+IDLE_KEEPALIVE = 4.0
+
+
 class Upstream:
     """The shared client of one upstream setting and its engines (one or several:
     ``proxy.engines``); built once in the lifespan, closed with it. Every engine is
@@ -198,7 +202,13 @@ class Upstream:
             total=None, connect=settings.connect_timeout, sock_read=settings.read_timeout
         )
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=75, ttl_dns_cache=300),
+            # An idle connection is dropped after 4 s, before the engine's own server
+            # drops it (uvicorn's 5 s, vLLM's and FastChat's default): a request sent on a
+            # connection the engine is just closing fails, and is not retried, since the
+            # proxy cannot tell that nothing reached the engine (docs/engines.md).
+            connector=aiohttp.TCPConnector(
+                limit=0, keepalive_timeout=IDLE_KEEPALIVE, ttl_dns_cache=300
+            ),
             timeout=self._timeout,
             # Bodies pass through as the upstream encoded them.
             auto_decompress=False,
