@@ -1,0 +1,106 @@
+"""Several real vLLM engines behind one trimproxy: session routing keeps each
+conversation's prefix cache hitting where round robin loses it, and an engine killed
+mid-load costs only the requests in flight on it (CPU build, tiny model, a KV cache that
+holds an engine's share of the conversations but not all of them)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.support.processes import ProxyProcess
+from tests.support.vllm_stack import VllmStack, build_vllm_model
+
+pytestmark = pytest.mark.vllm
+
+# An odd number of conversations over two engines: taken in turn, round robin sends each
+# conversation's next turn to the other engine (with an even number it would stick).
+ENGINES, CONVERSATIONS, TURNS, BUDGET = 2, 5, 8, 600
+# 72 blocks of 32 = 2,304 KV tokens an engine: its share of the sessions fits (3 x ~600),
+# all five conversations (round robin's working set on every engine) do not.
+KV_BLOCKS = 72
+_WORDS = ("the", "river", "runs", "past", "the", "old", "mill", "and", "mountain", "road")
+
+
+@pytest.fixture(scope="module")
+def engines() -> Iterator[list[VllmStack]]:
+    dev = {"VLLM_SERVER_DEV_MODE": "1"}  # serves POST /reset_prefix_cache
+    model = build_vllm_model()
+    stacks = [
+        VllmStack(model, kv_blocks=KV_BLOCKS, max_model_len=2048, env=dev) for _ in range(ENGINES)
+    ]
+    try:
+        for stack in stacks:
+            stack.start()
+        yield stacks
+    finally:
+        for stack in stacks:
+            stack.stop()
+
+
+def _converse(proxy: ProxyProcess, model: str, seed: str) -> list[int]:
+    """The conversations one turn at a time (each turn's requests one after another);
+    the statuses of every request."""
+    rng = random.Random(seed)
+    histories = [[{"role": "system", "content": "Answer briefly."}] for _ in range(CONVERSATIONS)]
+    statuses = []
+    with httpx.Client(timeout=120) as client:
+        for _turn in range(TURNS):
+            for i, history in enumerate(histories):
+                history.append({"role": "user", "content": " ".join(rng.choices(_WORDS, k=70))})
+                body = {"model": model, "messages": history, "max_tokens": 32,
+                        "ignore_eos": True, "temperature": 0}  # fmt: skip
+                reply = client.post(f"{proxy.api_base}/chat/completions", json=body,
+                                    headers={"X-Session-ID": f"{seed}-{i}"})  # fmt: skip
+                statuses.append(reply.status_code)
+                content = (
+                    reply.json()["choices"][0]["message"]["content"] if reply.is_success else ""
+                )
+                history.append({"role": "assistant", "content": content or "(none)"})
+    return statuses
+
+
+def _counters(engines: list[VllmStack]) -> tuple[float, float]:
+    readings = [e.metrics() for e in engines]
+    return sum(r.prefix_hits for r in readings), sum(r.prefix_queries for r in readings)
+
+
+def test_session_routing_keeps_the_prefix_cache_that_round_robin_loses(
+    engines: list[VllmStack],
+) -> None:
+    urls = ",".join(e.base_url for e in engines)
+    ratios = {}
+    for routing in ("session", "round_robin"):
+        for engine in engines:
+            httpx.post(f"{engine.base_url}/reset_prefix_cache", timeout=30).raise_for_status()
+        settings = {"upstream_url": urls, "routing": routing, "max_prompt_tokens": BUDGET,
+                    "tokenizer": f"hf:{engines[0].model_dir}"}  # fmt: skip
+        with ProxyProcess(settings, startup_timeout=120.0) as proxy:
+            hits, queries = _counters(engines)
+            statuses = _converse(proxy, engines[0].model, routing)
+            after_hits, after_queries = _counters(engines)
+        assert set(statuses) == {200}, statuses
+        ratios[routing] = (after_hits - hits) / (after_queries - queries)
+    print(f"\ncluster prefix-cache hit ratio: {ratios}")
+    assert ratios["session"] > 0.5
+    assert ratios["session"] > 1.5 * ratios["round_robin"]
+
+
+def test_a_killed_engine_costs_only_its_requests_in_flight(engines: list[VllmStack]) -> None:
+    settings = {"upstream_url": ",".join(e.base_url for e in engines), "tokenizer": "approx",
+                "health_interval": 0.5, "max_prompt_tokens": BUDGET}  # fmt: skip
+    with ProxyProcess(settings, startup_timeout=120.0) as proxy:
+        first = _converse(proxy, engines[0].model, "before")
+        assert set(first) == {200}
+        victim = engines[-1]
+        assert victim.proc is not None
+        victim.proc.kill()  # SIGKILL of the API server; its engine core goes with the group
+        victim.proc.wait()
+        victim.stop()
+        after = _converse(proxy, engines[0].model, "after")
+        assert set(after) == {200}, after  # nothing was in flight: every request is served
+        ready = httpx.get(f"{proxy.url}/readyz", timeout=10).json()
+        assert ready["engines"] == ENGINES and ready["engines_up"] == ENGINES - 1
