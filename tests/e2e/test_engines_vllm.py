@@ -5,12 +5,17 @@ holds an engine's share of the conversations but not all of them)."""
 
 from __future__ import annotations
 
+import asyncio
 import random
+import threading
+import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from bench.admission_vllm import drive
 from tests.support.processes import ProxyProcess
 from tests.support.vllm_stack import VllmStack, build_vllm_model
 
@@ -104,3 +109,62 @@ def test_a_killed_engine_costs_only_its_requests_in_flight(engines: list[VllmSta
         assert set(after) == {200}, after  # nothing was in flight: every request is served
         ready = httpx.get(f"{proxy.url}/readyz", timeout=10).json()
         assert ready["engines"] == ENGINES and ready["engines_up"] == ENGINES - 1
+
+
+def test_each_engine_stays_within_its_own_capacity_under_admission(
+    engines: list[VllmStack],
+) -> None:
+    """Eight conversations at once over the two engines, ``auto`` admission: the load is
+    split by session, each engine's reservations stay under its own capacity (read from
+    its own /metrics), and no engine preempts."""
+
+    def series(url: str, name: str) -> dict[str, float]:
+        text = httpx.get(f"{url}/metrics", timeout=5).text
+        return {
+            s.labels["engine"]: s.value
+            for f in text_string_to_metric_families(text)
+            for s in f.samples
+            if s.name == name and "engine" in s.labels
+        }
+
+    live = [e for e in engines if e.proc is not None]  # the previous test killed one
+    for engine in engines:
+        if engine.proc is None:
+            engine.start()  # restarted on a port of its own: a fresh engine
+            live.append(engine)
+    settings = {"upstream_url": ",".join(e.base_url for e in live), "kv_admission": "auto",
+                "max_prompt_tokens": BUDGET, "admission_timeout": 600,
+                "upstream_metrics_interval": 0.25,
+                "tokenizer": f"hf:{live[0].model_dir}"}  # fmt: skip
+    with ProxyProcess(settings, startup_timeout=120.0) as proxy:
+        capacity: dict[str, float] = {}
+        deadline = time.monotonic() + 60  # a hang guard
+        while len(capacity) < len(live) or not all(capacity.values()):
+            assert time.monotonic() < deadline, capacity
+            capacity = series(proxy.url, "trimproxy_engine_kv_capacity_tokens")
+            time.sleep(0.1)
+        assert set(capacity.values()) == {(KV_BLOCKS - 1) * 32}
+        peaks: dict[str, float] = {}
+        done = threading.Event()
+
+        def sample() -> None:
+            while not done.is_set():
+                for name, held in series(proxy.url, "trimproxy_engine_kv_reserved_tokens").items():
+                    peaks[name] = max(peaks.get(name, 0.0), held)
+                time.sleep(0.05)
+
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        before = [e.metrics().preemptions for e in live]
+        try:
+            load = asyncio.run(drive(proxy.url, live[0].model, conversations=8, turns=3))
+        finally:
+            done.set()
+            sampler.join()
+        preempted = [e.metrics().preemptions - b for e, b in zip(live, before, strict=True)]
+    print(f"\npeaks {peaks} of {capacity}; preemptions {preempted}; waited {load.waited}")
+    assert load.statuses == {200: 24}, load.first_error
+    assert preempted == [0] * len(live)
+    assert len([p for p in peaks.values() if p > 0]) == len(live)  # the load was split
+    for name, peak in peaks.items():
+        assert peak <= capacity[name]
