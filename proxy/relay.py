@@ -1,7 +1,7 @@
 """Relaying an upstream answer to the client, and watching for the client to leave.
 
 ``watch_disconnect`` starts watching when the request is forwarded
-(``routes.open_upstream``, right before ``Upstream.forward``), after the body has
+(``routes.open_upstream``, right before the request is sent), after the body has
 been read and prepared. A request that streams is watched at once
 (``STREAM_WATCH_DELAY``); any other one first ``WATCH_DELAY`` (a quarter of a second)
 later, so a client that left while its prompt was counted is noticed then.
@@ -345,7 +345,7 @@ STREAM_WATCH_DELAY = 0.0
 def watch_disconnect(receive: Receive, delay: float = WATCH_DELAY) -> asyncio.Future[None]:
     """A future that completes when the client disconnects; call once the body is read.
 
-    The caller owns it: it is handed to ``Upstream.forward`` and then to ``Relay``,
+    The caller owns it: it is handed to the send (``Upstream.send``) and then to ``Relay``,
     which cancels it at the end; on an error in between the caller cancels it. The
     task that waits on ``receive`` starts ``delay`` seconds later, unless the future is
     done by then; cancelling the future stops the timer and the task.
