@@ -9,28 +9,18 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.admission_vllm import BUDGET, LoadResult, drive
 from tests.e2e.conftest import StartVllmProxy
+from tests.observability.promtext import scrape
 from tests.support.sim import start_sim_thread
 from tests.support.vllm_stack import VllmStack
 
 pytestmark = pytest.mark.vllm
 
 SIM_BLOCKS, SIM_BLOCK = 64, 16  # 1,024 tokens: the sim's own, smaller, capacity
-
-
-def _engine_series(proxy_url: str, name: str) -> dict[str, float]:
-    text = httpx.get(f"{proxy_url}/metrics", timeout=5).text
-    return {
-        sample.labels["engine"]: sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == name and "engine" in sample.labels
-    }
 
 
 def test_each_model_is_admitted_against_its_own_engine(
@@ -53,7 +43,7 @@ def test_each_model_is_admitted_against_its_own_engine(
         deadline = time.monotonic() + 60  # a hang guard: the scrapes run every 0.25 s
         while set(capacity) != {vllm_engine, sim_engine} or not all(capacity.values()):
             assert time.monotonic() < deadline, capacity
-            capacity = _engine_series(proxy.url, "trimproxy_engine_kv_capacity_tokens")
+            capacity = scrape(proxy.url).by_engine("trimproxy_engine_kv_capacity_tokens")
             time.sleep(0.1)
         assert capacity[vllm_engine] == (192 - 1) * 32  # vLLM keeps one null block
         assert capacity[sim_engine] == (SIM_BLOCKS - 1) * SIM_BLOCK
@@ -63,9 +53,9 @@ def test_each_model_is_admitted_against_its_own_engine(
 
         def sample() -> None:
             while not done.is_set():
-                for engine, held in _engine_series(
-                    proxy.url, "trimproxy_engine_kv_reserved_tokens"
-                ).items():
+                for engine, held in (
+                    scrape(proxy.url).by_engine("trimproxy_engine_kv_reserved_tokens").items()
+                ):
                     peaks[engine] = max(peaks.get(engine, 0.0), held)
                 time.sleep(0.05)
 

@@ -13,9 +13,9 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from bench.admission_vllm import drive
+from tests.observability.promtext import scrape
 from tests.support.processes import ProxyProcess
 from tests.support.vllm_stack import VllmStack, build_vllm_model
 
@@ -118,15 +118,6 @@ def test_each_engine_stays_within_its_own_capacity_under_admission(
     split by session, each engine's reservations stay under its own capacity (read from
     its own /metrics), and no engine preempts."""
 
-    def series(url: str, name: str) -> dict[str, float]:
-        text = httpx.get(f"{url}/metrics", timeout=5).text
-        return {
-            s.labels["engine"]: s.value
-            for f in text_string_to_metric_families(text)
-            for s in f.samples
-            if s.name == name and "engine" in s.labels
-        }
-
     live = [e for e in engines if e.proc is not None]  # the previous test killed one
     for engine in engines:
         if engine.proc is None:
@@ -141,7 +132,7 @@ def test_each_engine_stays_within_its_own_capacity_under_admission(
         deadline = time.monotonic() + 60  # a hang guard
         while len(capacity) < len(live) or not all(capacity.values()):
             assert time.monotonic() < deadline, capacity
-            capacity = series(proxy.url, "trimproxy_engine_kv_capacity_tokens")
+            capacity = scrape(proxy.url).by_engine("trimproxy_engine_kv_capacity_tokens")
             time.sleep(0.1)
         assert set(capacity.values()) == {(KV_BLOCKS - 1) * 32}
         peaks: dict[str, float] = {}
@@ -149,7 +140,9 @@ def test_each_engine_stays_within_its_own_capacity_under_admission(
 
         def sample() -> None:
             while not done.is_set():
-                for name, held in series(proxy.url, "trimproxy_engine_kv_reserved_tokens").items():
+                for name, held in (
+                    scrape(proxy.url).by_engine("trimproxy_engine_kv_reserved_tokens").items()
+                ):
                     peaks[name] = max(peaks.get(name, 0.0), held)
                 time.sleep(0.05)
 

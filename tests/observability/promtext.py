@@ -31,6 +31,14 @@ class Scrape:
     def has(self, name: str, **labels: str) -> bool:
         return (name, frozenset(labels.items())) in self.samples
 
+    def by_engine(self, name: str) -> dict[str, float]:
+        """``name``'s value for each ``engine`` label (the ``trimproxy_engine_*`` series)."""
+        return {
+            dict(labels)["engine"]: value
+            for (n, labels), value in self.samples.items()
+            if n == name and "engine" in dict(labels)
+        }
+
     def names(self) -> set[str]:
         return {name for name, _ in self.samples}
 
