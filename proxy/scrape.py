@@ -304,11 +304,13 @@ def build_scraper(
     *,
     engine: Engine | None = None,
     aggregate: bool = True,
+    sleep: Sleep = asyncio.sleep,
 ) -> UpstreamScraper | None:
     """The scraper of one engine (the upstream's first by default) that the lifespan
     starts; None when ``TRIMPROXY_UPSTREAM_METRICS_INTERVAL=0``.
 
-    ``on_engine`` gets the engine's KV-cache figures from every scrape (``auto`` admission).
+    ``on_engine`` gets the engine's KV-cache figures from every scrape (``auto`` admission);
+    ``sleep`` is what the loop waits between scrapes with (a test steps it).
     """
     if settings.upstream_metrics_interval <= 0:
         return None
@@ -322,6 +324,7 @@ def build_scraper(
         settings.upstream_metrics_interval,
         lock_path=os.path.join(directory, f"upstream-scraper-{name}.lock") if directory else None,
         on_engine=on_engine,
+        sleep=sleep,
         engine=engine,
         aggregate=aggregate,
     )
