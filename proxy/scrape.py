@@ -14,7 +14,6 @@ scrapes; if it dies the kernel drops its lock and another worker takes over.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import fcntl
 import hashlib
 import logging
@@ -27,6 +26,7 @@ from dataclasses import dataclass
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.admission.capacity import EngineCache, parse_cache_config
+from proxy.background import Background
 from proxy.engines.engine import Engine
 from proxy.metrics import Metrics, multiprocess_dir
 from proxy.settings import Settings
@@ -146,18 +146,14 @@ class UpstreamScraper:
         self._budget = min(10.0, max(2.0, interval))
         self._lock_path = lock_path
         self._lock_fd: int | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._background = Background("trimproxy-upstream-scraper", self._run, log)
         self._state = "starting"  # the last outcome, so each change is logged once
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="trimproxy-upstream-scraper")
+        self._background.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._background.stop()
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # releases the flock
             self._lock_fd = None
