@@ -17,13 +17,10 @@ import asyncio
 import fcntl
 import hashlib
 import logging
-import math
 import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-
-from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.admission.capacity import EngineCache, parse_cache_config
 from proxy.background import Background
@@ -38,17 +35,11 @@ from proxy.vllm_metrics import (
     PREFIX_QUERIES,
     RUNNING,
     WAITING,
-    line_prefixes,
-    selected,
+    engine_figures,
 )
 
 log = logging.getLogger("trimproxy.scrape")
 
-KV_NAMES = KV_USAGE_NAMES
-_WANTED = (*KV_NAMES, RUNNING, WAITING, PREFIX_HITS, PREFIX_QUERIES, PREEMPTIONS)
-# Only these families reach the parser: a scrape costs the event loop a string
-# scan rather than milliseconds of parsing (see proxy/vllm_metrics.py).
-_LINE_PREFIXES = line_prefixes(_WANTED)
 _MAX_BODY = 16 << 20
 _MAX_BACKOFF = 60.0
 # A worker that does not scrape still reads the engine's KV capacity for its own
@@ -87,23 +78,17 @@ class UpstreamStats:
 
 
 def parse_stats(text: str) -> UpstreamStats:
-    """The upstream's numbers, aggregated over its label sets (engines, models).
-
-    KV usage is the maximum (the fullest engine is the one that preempts first);
-    request counts are summed.
-    """
-    values: dict[str, list[float]] = {}
-    for family in text_string_to_metric_families(selected(text, _LINE_PREFIXES)):
-        for sample in family.samples:
-            if sample.name in _WANTED and not math.isnan(sample.value):
-                values.setdefault(sample.name, []).append(sample.value)
-    kv = next((max(values[n]) for n in KV_NAMES if n in values), None)
-    running = sum(values[RUNNING]) if RUNNING in values else None
-    waiting = sum(values[WAITING]) if WAITING in values else None
-    hits = sum(values[PREFIX_HITS]) if PREFIX_HITS in values else None
-    queries = sum(values[PREFIX_QUERIES]) if PREFIX_QUERIES in values else None
-    preemptions = sum(values[PREEMPTIONS]) if PREEMPTIONS in values else None
-    return UpstreamStats(kv, running, waiting, hits, queries, preemptions)
+    """The upstream's numbers, aggregated over its label sets (engines, models):
+    ``vllm_metrics.engine_figures``, KV usage the fullest engine's, counts summed."""
+    kv, summed = engine_figures(text)
+    return UpstreamStats(
+        kv,
+        summed.get(RUNNING),
+        summed.get(WAITING),
+        summed.get(PREFIX_HITS),
+        summed.get(PREFIX_QUERIES),
+        summed.get(PREEMPTIONS),
+    )
 
 
 class UpstreamScraper:
@@ -274,7 +259,7 @@ class UpstreamScraper:
                 log.warning(
                     "%s has no %s; trimproxy_upstream_kv_cache_usage_ratio stays unset",
                     self._url,
-                    " or ".join(KV_NAMES),
+                    " or ".join(KV_USAGE_NAMES),
                 )
             elif status in (401, 403):
                 log.warning(
