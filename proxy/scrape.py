@@ -14,19 +14,16 @@ scrapes; if it dies the kernel drops its lock and another worker takes over.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import fcntl
 import hashlib
 import logging
-import math
 import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from proxy.admission.capacity import EngineCache, parse_cache_config
+from proxy.background import Background
 from proxy.engines.engine import Engine
 from proxy.metrics import Metrics, multiprocess_dir
 from proxy.settings import Settings
@@ -38,17 +35,11 @@ from proxy.vllm_metrics import (
     PREFIX_QUERIES,
     RUNNING,
     WAITING,
-    line_prefixes,
-    selected,
+    engine_figures,
 )
 
 log = logging.getLogger("trimproxy.scrape")
 
-KV_NAMES = KV_USAGE_NAMES
-_WANTED = (*KV_NAMES, RUNNING, WAITING, PREFIX_HITS, PREFIX_QUERIES, PREEMPTIONS)
-# Only these families reach the parser: a scrape costs the event loop a string
-# scan rather than milliseconds of parsing (see proxy/vllm_metrics.py).
-_LINE_PREFIXES = line_prefixes(_WANTED)
 _MAX_BODY = 16 << 20
 _MAX_BACKOFF = 60.0
 # A worker that does not scrape still reads the engine's KV capacity for its own
@@ -87,23 +78,17 @@ class UpstreamStats:
 
 
 def parse_stats(text: str) -> UpstreamStats:
-    """The upstream's numbers, aggregated over its label sets (engines, models).
-
-    KV usage is the maximum (the fullest engine is the one that preempts first);
-    request counts are summed.
-    """
-    values: dict[str, list[float]] = {}
-    for family in text_string_to_metric_families(selected(text, _LINE_PREFIXES)):
-        for sample in family.samples:
-            if sample.name in _WANTED and not math.isnan(sample.value):
-                values.setdefault(sample.name, []).append(sample.value)
-    kv = next((max(values[n]) for n in KV_NAMES if n in values), None)
-    running = sum(values[RUNNING]) if RUNNING in values else None
-    waiting = sum(values[WAITING]) if WAITING in values else None
-    hits = sum(values[PREFIX_HITS]) if PREFIX_HITS in values else None
-    queries = sum(values[PREFIX_QUERIES]) if PREFIX_QUERIES in values else None
-    preemptions = sum(values[PREEMPTIONS]) if PREEMPTIONS in values else None
-    return UpstreamStats(kv, running, waiting, hits, queries, preemptions)
+    """The upstream's numbers, aggregated over its label sets (engines, models):
+    ``vllm_metrics.engine_figures``, KV usage the fullest engine's, counts summed."""
+    kv, summed = engine_figures(text)
+    return UpstreamStats(
+        kv,
+        summed.get(RUNNING),
+        summed.get(WAITING),
+        summed.get(PREFIX_HITS),
+        summed.get(PREFIX_QUERIES),
+        summed.get(PREEMPTIONS),
+    )
 
 
 class UpstreamScraper:
@@ -146,18 +131,14 @@ class UpstreamScraper:
         self._budget = min(10.0, max(2.0, interval))
         self._lock_path = lock_path
         self._lock_fd: int | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._background = Background("trimproxy-upstream-scraper", self._run, log)
         self._state = "starting"  # the last outcome, so each change is logged once
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="trimproxy-upstream-scraper")
+        self._background.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._background.stop()
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # releases the flock
             self._lock_fd = None
@@ -278,7 +259,7 @@ class UpstreamScraper:
                 log.warning(
                     "%s has no %s; trimproxy_upstream_kv_cache_usage_ratio stays unset",
                     self._url,
-                    " or ".join(KV_NAMES),
+                    " or ".join(KV_USAGE_NAMES),
                 )
             elif status in (401, 403):
                 log.warning(
@@ -304,11 +285,13 @@ def build_scraper(
     *,
     engine: Engine | None = None,
     aggregate: bool = True,
+    sleep: Sleep = asyncio.sleep,
 ) -> UpstreamScraper | None:
     """The scraper of one engine (the upstream's first by default) that the lifespan
     starts; None when ``TRIMPROXY_UPSTREAM_METRICS_INTERVAL=0``.
 
-    ``on_engine`` gets the engine's KV-cache figures from every scrape (``auto`` admission).
+    ``on_engine`` gets the engine's KV-cache figures from every scrape (``auto`` admission);
+    ``sleep`` is what the loop waits between scrapes with (a test steps it).
     """
     if settings.upstream_metrics_interval <= 0:
         return None
@@ -322,6 +305,7 @@ def build_scraper(
         settings.upstream_metrics_interval,
         lock_path=os.path.join(directory, f"upstream-scraper-{name}.lock") if directory else None,
         on_engine=on_engine,
+        sleep=sleep,
         engine=engine,
         aggregate=aggregate,
     )

@@ -15,7 +15,6 @@ answer, so a blip of the cluster DNS never empties the rotation.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ipaddress
 import logging
 from collections.abc import Awaitable, Callable
@@ -26,6 +25,8 @@ from urllib.parse import urlsplit
 import dns.asyncresolver
 import dns.exception
 import dns.resolver
+
+from proxy.background import Background
 
 log = logging.getLogger("trimproxy.engines")
 
@@ -156,7 +157,7 @@ class Discovery:
         self._refresh = refresh
         self._on_change = on_change
         self._sleep = sleep
-        self._task: asyncio.Task[None] | None = None
+        self._background = Background(f"discovery {name.host}", self._loop, log)
         self.urls: list[str] | None = None  # None: never resolved yet
         self.failures = 0
 
@@ -186,8 +187,8 @@ class Discovery:
         return urls
 
     def start(self) -> None:
-        if self._task is None and self._refresh > 0:
-            self._task = asyncio.create_task(self._loop(), name=f"discovery {self.name.host}")
+        if self._refresh > 0:
+            self._background.start()
 
     async def _loop(self) -> None:
         while True:
@@ -198,8 +199,4 @@ class Discovery:
                 log.exception("applying the engines of %s failed", self.name.host)
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._background.stop()

@@ -9,11 +9,11 @@ the interval, until it answers. A probe gets ``TRIMPROXY_READY_TIMEOUT`` seconds
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
 
+from proxy.background import Background
 from proxy.engines.engine import FIRST_RETRY, Engine
 from proxy.upstream import Upstream
 
@@ -37,17 +37,13 @@ class Prober:
         self._timeout = timeout
         self._clock = clock
         self._sleep = sleep
-        self._task: asyncio.Task[None] | None = None
+        self._background = Background("trimproxy-engine-prober", self._run, log)
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="trimproxy-engine-prober")
+        self._background.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._background.stop()
 
     async def _run(self) -> None:
         while True:

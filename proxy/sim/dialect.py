@@ -7,6 +7,7 @@ builds plain dicts and bytes; no I/O.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -111,3 +112,36 @@ def check_messages(dialect: Dialect, cfg: SimConfig, payload: Any) -> list[dict[
 
 def new_chat_id() -> str:
     return rand_id("chatcmpl-")
+
+
+def model_list(
+    cfg: SimConfig, owned_by: str, *, search_indices: bool, **own: Any
+) -> dict[str, Any]:
+    """``GET /v1/models``: the one model in the OpenAI shape both servers answer with;
+    ``own`` adds a server's own fields (vLLM's ``max_model_len``)."""
+    created = int(time.time())
+    permission = {
+        "id": rand_id("modelperm-"),
+        "object": "model_permission",
+        "created": created,
+        "allow_create_engine": False,
+        "allow_sampling": True,
+        "allow_logprobs": True,
+        "allow_search_indices": search_indices,
+        "allow_view": True,
+        "allow_fine_tuning": False,
+        "organization": "*",
+        "group": None,
+        "is_blocking": False,
+    }
+    model = {
+        "id": cfg.model,
+        "object": "model",
+        "created": created,
+        "owned_by": owned_by,
+        "root": cfg.model,
+        "parent": None,
+        **own,
+        "permission": [permission],
+    }
+    return {"object": "list", "data": [model]}

@@ -7,7 +7,6 @@ and ``fastchat/constants.py`` (``ErrorCode``).
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,7 +19,7 @@ from proxy.sim.dialect import (
     SimError,
     check_messages,
     completion_text,
-    rand_id,
+    model_list,
 )
 from proxy.sim.tokenizer import prompt_tokens
 
@@ -185,33 +184,4 @@ class FastChat(Dialect):
         yield b"data: [DONE]\n\n"
 
     def models(self, cfg: SimConfig) -> dict[str, Any]:
-        created = int(time.time())
-        return {
-            "object": "list",
-            "data": [
-                {
-                    "id": cfg.model,
-                    "object": "model",
-                    "created": created,
-                    "owned_by": "fastchat",
-                    "root": cfg.model,
-                    "parent": None,
-                    "permission": [
-                        {
-                            "id": rand_id("modelperm-"),
-                            "object": "model_permission",
-                            "created": created,
-                            "allow_create_engine": False,
-                            "allow_sampling": True,
-                            "allow_logprobs": True,
-                            "allow_search_indices": True,
-                            "allow_view": True,
-                            "allow_fine_tuning": False,
-                            "organization": "*",
-                            "group": None,
-                            "is_blocking": False,
-                        }
-                    ],
-                }
-            ],
-        }
+        return model_list(cfg, "fastchat", search_indices=True)

@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,7 +20,7 @@ from proxy.sim.dialect import (
     check_messages,
     completion_text,
     max_tokens_of,
-    rand_id,
+    model_list,
 )
 from proxy.sim.options import ToolCall, logprobs_of, parse_options, pieces, tool_call_id
 from proxy.sim.tokenizer import prompt_ids, prompt_tokens
@@ -277,34 +276,4 @@ class VLLM(Dialect):
         yield b"data: [DONE]\n\n"
 
     def models(self, cfg: SimConfig) -> dict[str, Any]:
-        created = int(time.time())
-        return {
-            "object": "list",
-            "data": [
-                {
-                    "id": cfg.model,
-                    "object": "model",
-                    "created": created,
-                    "owned_by": "vllm",
-                    "root": cfg.model,
-                    "parent": None,
-                    "max_model_len": cfg.max_model_len,
-                    "permission": [
-                        {
-                            "id": rand_id("modelperm-"),
-                            "object": "model_permission",
-                            "created": created,
-                            "allow_create_engine": False,
-                            "allow_sampling": True,
-                            "allow_logprobs": True,
-                            "allow_search_indices": False,
-                            "allow_view": True,
-                            "allow_fine_tuning": False,
-                            "organization": "*",
-                            "group": None,
-                            "is_blocking": False,
-                        }
-                    ],
-                }
-            ],
-        }
+        return model_list(cfg, "vllm", search_indices=False, max_model_len=cfg.max_model_len)

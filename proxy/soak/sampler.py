@@ -25,28 +25,19 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.soak.options import SAMPLE_INTERVAL
 from proxy.soak.records import EngineFigures, Sample
 from proxy.vllm_metrics import (
-    CACHE_CONFIG_INFO,
-    KV_USAGE_NAMES,
     PREEMPTIONS,
     PREFIX_HITS,
     PREFIX_QUERIES,
     RUNNING,
     WAITING,
     cache_config_labels,
-    line_prefixes,
-    selected,
+    engine_figures,
 )
 
-KV_NAMES = KV_USAGE_NAMES
-CACHE_CONFIG = CACHE_CONFIG_INFO
-_SUMMED = (RUNNING, WAITING, PREEMPTIONS, PREFIX_HITS, PREFIX_QUERIES)
-_WANTED = (*KV_NAMES, *_SUMMED)
-_PREFIXES = line_prefixes(_WANTED)
 _NVIDIA_SMI = ("--query-gpu=memory.used", "--format=csv,noheader,nounits")
 
 
@@ -62,13 +53,7 @@ class EngineReading:
 
 
 def parse_engine_metrics(text: str) -> EngineReading:
-    found: dict[str, list[float]] = {}
-    for family in text_string_to_metric_families(selected(text, _PREFIXES)):
-        for sample in family.samples:
-            if sample.name in _WANTED and not math.isnan(sample.value):
-                found.setdefault(sample.name, []).append(sample.value)
-    kv = next((max(found[n]) for n in KV_NAMES if n in found), None)
-    values = {name: sum(found[name]) for name in _SUMMED if name in found}
+    kv, values = engine_figures(text)
     engines = cache_config_labels(text)
     return EngineReading(kv, values, engines[0] if engines else None)
 

@@ -6,13 +6,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
 
 from proxy.settings import Settings
-from tests.support.processes import free_port
+from tests.support.demo import DemoProcess
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -70,38 +69,16 @@ def test_upstream_url_trailing_v1_is_dropped() -> None:
 
 def test_serve_demo_answers_chat_and_stops_its_upstream() -> None:
     """The README's first command: the proxy in front of an embedded simulated vLLM."""
-    port = free_port()
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("TRIMPROXY_")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "proxy.cli", "serve", "--demo", "--port", str(port)],
-        env=clean,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, "demo did not start"
-            time.sleep(0.1)
+    with DemoProcess() as demo:
         r = httpx.post(
-            f"http://127.0.0.1:{port}/v1/chat/completions",
+            f"{demo.url}/v1/chat/completions",
             json={"model": "sim-model", "messages": [{"role": "user", "content": "hi"}]},
             timeout=30,
         )
         assert r.status_code == 200, r.text
         assert r.json()["choices"][0]["message"]["content"]
         assert int(r.headers["x-trimproxy-prompt-tokens"]) > 0
-    finally:
-        proc.send_signal(signal.SIGINT)
-        _, stderr = proc.communicate(timeout=30)
-    assert proc.returncode == 0, stderr
-    upstream = next(line for line in stderr.splitlines() if "demo upstream" in line)
-    port_of_sim = upstream.rsplit(":", 1)[1].strip()
-    with pytest.raises(httpx.TransportError):
-        httpx.get(f"http://127.0.0.1:{port_of_sim}/health", timeout=2)
+        assert demo.stop_with(signal.SIGINT) == 0, demo.logs()
+        (upstream,) = demo.upstreams()
+        with pytest.raises(httpx.TransportError):
+            httpx.get(f"{upstream}/health", timeout=2)

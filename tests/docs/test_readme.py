@@ -8,7 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.support.processes import REPO_ROOT, LoggedProcess, child_env, free_port, wait_for_http
+from tests.support.demo import DemoProcess
+from tests.support.processes import REPO_ROOT, child_env
 
 README = REPO_ROOT / "README.md"
 DEMO_URL = "http://127.0.0.1:8080"
@@ -37,18 +38,10 @@ def test_the_first_block_sets_up_and_starts_the_demo_then_runs_the_tests() -> No
 def test_the_client_snippet_runs_as_pasted_against_the_demo(tmp_path: Path) -> None:
     snippet = blocks("python")[0]
     assert DEMO_URL in snippet and "history = [" in snippet
-    port = free_port()
-    args = [sys.executable, "-m", "proxy.cli", "serve", "--demo", "--port", str(port)]
-    demo = LoggedProcess(args, child_env(), tmp_path, "demo")
-    try:
-        wait_for_http(
-            f"http://127.0.0.1:{port}/readyz",
-            timeout=60.0,
-            procs=[("demo", demo.process, demo.log_path)],
-        )
+    with DemoProcess() as demo:
         # Only the port differs: the tests must not take the demo's 8080.
         script = tmp_path / "snippet.py"
-        script.write_text(snippet.replace(DEMO_URL, f"http://127.0.0.1:{port}"))
+        script.write_text(snippet.replace(DEMO_URL, demo.url))
         out = subprocess.run(
             [sys.executable, str(script)],
             env=child_env(),
@@ -56,7 +49,5 @@ def test_the_client_snippet_runs_as_pasted_against_the_demo(tmp_path: Path) -> N
             text=True,
             timeout=60,
         )
-    finally:
-        demo.stop()
     assert out.returncode == 0, out.stderr
     assert "simulated upstream" in out.stdout

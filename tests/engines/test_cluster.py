@@ -95,6 +95,16 @@ def access_engines(proxy: ProxyProcess) -> list[dict[str, Any]]:
     return out
 
 
+def access_lines_after(proxy: ProxyProcess, before: int, count: int) -> list[dict[str, Any]]:
+    """The chat access lines after the first ``before``, once ``count`` of them are in
+    the log (each is written just after its answer)."""
+    deadline = time.monotonic() + 30  # a hang guard, not a measurement
+    while len(lines := access_engines(proxy)[before:]) < count:
+        assert time.monotonic() < deadline, proxy.logs()[-3000:]
+        time.sleep(0.05)
+    return lines
+
+
 def wait_in_rotation(proxy: ProxyProcess, label: str) -> None:
     """Until the proxy's prober has put the engine back (``trimproxy_engine_up``)."""
     deadline = time.monotonic() + 30
@@ -122,8 +132,7 @@ def test_failover_rejoin_and_all_down(tmp_path: Path) -> None:
                 for name in names:
                     r = chat(proxy.url, name, turn)
                     assert r.status_code == 200, r.text
-                time.sleep(0.2)  # the access lines are written after the answers
-                lines = access_engines(proxy)[before:]
+                lines = access_lines_after(proxy, before, len(names))
                 assert len(lines) == len(names)
                 return dict(zip(names, (line["engine"] for line in lines), strict=True))
 

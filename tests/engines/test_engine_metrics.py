@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.observability.promtext import parse
+from tests.observability.promtext import Scrape, parse, wait_for_scrape
 from tests.support.processes import ProxyProcess
 from tests.support.sim import SimUpstream, start_sim_thread
 
@@ -19,6 +19,10 @@ def sims() -> Iterator[list[SimUpstream]]:
     yield engines
     for sim in engines:
         sim.stop()
+
+
+def released(page: Scrape, engine: str) -> bool:
+    return page.value("trimproxy_engine_kv_reserved_tokens", engine=engine) == 0
 
 
 def test_each_engine_has_its_ledger_its_scrape_and_its_counters(sims: list[SimUpstream]) -> None:
@@ -45,8 +49,8 @@ def test_each_engine_has_its_ledger_its_scrape_and_its_counters(sims: list[SimUp
             body = {"model": "sim-model", "messages": [{"role": "user", "content": f"hi {turn}"}]}
             r = httpx.post(f"{proxy.url}/v1/chat/completions", json=body, timeout=30)
             assert r.status_code == 200, r.text
-        time.sleep(0.5)  # a scrape or two after the answers
-        page = parse(httpx.get(f"{proxy.url}/metrics", timeout=10))
+        # A reservation is released just after its answer's end.
+        page = wait_for_scrape(proxy.url, lambda p: all(released(p, x) for x in labels))
     # Each engine's own capacity, and the total is their sum.
     assert page.value("trimproxy_kv_capacity_tokens") == sum(capacities)
     for label in labels:

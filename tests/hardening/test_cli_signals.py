@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.demo import DemoProcess
 from tests.support.processes import free_port
 
 
@@ -22,44 +23,20 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def test_sigterm_of_serve_demo_stops_the_embedded_sim(tmp_path: Path) -> None:
-    port = free_port()
-    stderr_path = tmp_path / "stderr"
-    with stderr_path.open("w") as stderr:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "proxy.cli", "serve", "--demo", "--port", str(port)],
-            env=clean_env(),
-            stdout=subprocess.DEVNULL,
-            stderr=stderr,
-            text=True,
-        )
-    try:
-        deadline = time.monotonic() + 60
+def test_sigterm_of_serve_demo_stops_the_embedded_sim() -> None:
+    with DemoProcess() as demo:
+        (sim_url,) = demo.upstreams()
+        assert httpx.get(f"{sim_url}/health", timeout=5).status_code == 200
+        returncode = demo.stop_with(signal.SIGTERM)
+        assert returncode in (0, -signal.SIGTERM, 128 + signal.SIGTERM)
+        deadline = time.monotonic() + 10  # a hang guard, not a measurement
         while True:
             try:
-                if httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200:
-                    break
+                httpx.get(f"{sim_url}/health", timeout=1)
             except httpx.TransportError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, stderr_path.read_text()
+                break  # the sim is gone
+            assert time.monotonic() < deadline, "the embedded sim outlived serve --demo"
             time.sleep(0.1)
-        line = next(x for x in stderr_path.read_text().splitlines() if "demo upstream" in x)
-        sim_url = line.rsplit(" ", 1)[1].strip()
-        assert httpx.get(f"{sim_url}/health", timeout=5).status_code == 200
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode in (0, -signal.SIGTERM, 128 + signal.SIGTERM)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            httpx.get(f"{sim_url}/health", timeout=1)
-        except httpx.TransportError:
-            break  # the sim is gone
-        assert time.monotonic() < deadline, "the embedded sim outlived serve --demo"
-        time.sleep(0.1)
 
 
 @pytest.mark.parametrize("kind", ["missing", "empty"])

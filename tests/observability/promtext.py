@@ -3,7 +3,6 @@ app's client (in-process, ``ascrape``), look up samples by labels."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -67,27 +66,14 @@ async def ascrape(client: httpx.AsyncClient) -> Scrape:
 
 def wait_for_scrape(
     base_url: str, predicate: Callable[[Scrape], bool], timeout: float = 10.0
-) -> tuple[Scrape, float]:
-    """Scrape until ``predicate`` holds; the scrape and the seconds it took."""
-    start = time.monotonic()
+) -> Scrape:
+    """Scrape until ``predicate`` holds; fails after ``timeout`` seconds (a hang guard:
+    what a test asserts is the scrape, never how long it took)."""
+    deadline = time.monotonic() + timeout
     while True:
         result = scrape(base_url)
         if predicate(result):
-            return result, time.monotonic() - start
-        if time.monotonic() - start > timeout:
+            return result
+        if time.monotonic() > deadline:
             raise AssertionError(f"never matched within {timeout}s; last scrape:\n{result.text}")
         time.sleep(0.02)
-
-
-async def await_scrape(
-    client: httpx.AsyncClient, predicate: Callable[[Scrape], bool], timeout: float = 10.0
-) -> tuple[Scrape, float]:
-    """``wait_for_scrape`` for an in-process proxy: the app runs while this waits."""
-    start = time.monotonic()
-    while True:
-        result = await ascrape(client)
-        if predicate(result):
-            return result, time.monotonic() - start
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"never matched within {timeout}s; last scrape:\n{result.text}")
-        await asyncio.sleep(0.02)

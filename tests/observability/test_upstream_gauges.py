@@ -1,9 +1,14 @@
 """The upstream's KV-cache usage and queue, scraped from its /metrics by the proxy
 (in-process; a real process where a client must go away) and re-exported as
-``trimproxy_upstream_*``."""
+``trimproxy_upstream_*``.
+
+In-process, the app's scraper sleeps on a ``SteppedSleep``: the test lets it scrape
+once more and then reads the gauges, so "within one scrape" is counted, not timed.
+"""
 
 from __future__ import annotations
 
+import functools
 import logging
 import socket
 from collections.abc import Callable
@@ -11,16 +16,24 @@ from collections.abc import Callable
 import orjson
 import pytest
 
-from tests.observability.promtext import Scrape, ascrape, await_scrape, wait_for_scrape
+from proxy.engines import fleet
+from proxy.scrape import build_scraper
+from tests.observability.promtext import Scrape, ascrape, wait_for_scrape
+from tests.support.clock import SteppedSleep
 from tests.support.inprocess import StartApp
 from tests.support.processes import ProxyProcess
 from tests.support.sim import SimUpstream
 
 INTERVAL = 0.5
-# One scrape interval, plus what a loaded 2-core CI machine needs to run the scrape,
-# serve /metrics and poll it.
-WITHIN = INTERVAL + 1.0
 KV = "trimproxy_upstream_kv_cache_usage_ratio"
+
+
+@pytest.fixture
+def scrape_ticks(monkeypatch: pytest.MonkeyPatch) -> SteppedSleep:
+    """The sleep of every scraper the in-process app builds from here on."""
+    sleep = SteppedSleep()
+    monkeypatch.setattr(fleet, "build_scraper", functools.partial(build_scraper, sleep=sleep))
+    return sleep
 
 
 def kv_is(value: float) -> Callable[[Scrape], bool]:
@@ -30,18 +43,24 @@ def kv_is(value: float) -> Callable[[Scrape], bool]:
 @pytest.mark.parametrize(
     "legacy", [False, True], ids=["kv_cache_usage_perc", "gpu_cache_usage_perc"]
 )
-async def test_kv_gauge_follows_the_upstream_within_one_interval(
-    app_proxy: StartApp, sim_upstream: SimUpstream, legacy: bool
+async def test_kv_gauge_follows_the_upstream_within_one_scrape(
+    app_proxy: StartApp, sim_upstream: SimUpstream, scrape_ticks: SteppedSleep, legacy: bool
 ) -> None:
     sim_upstream.configure(legacy_metrics=legacy, kv_usage_override=0.25)
     name = "vllm:gpu_cache_usage_perc" if legacy else "vllm:kv_cache_usage_perc"
     assert f"{name}{{" in sim_upstream.metrics()
+    asked = len(sim_upstream.requests("/metrics"))  # that look was one
     proxy = await app_proxy(upstream_metrics_interval=INTERVAL)
-    await await_scrape(proxy.client, kv_is(0.25))
+    await scrape_ticks.parked()  # the first scrape is done
+    first = await ascrape(proxy.client)
+    assert kv_is(0.25)(first), first.text
     for value in (0.875, 0.0, 0.5):
         sim_upstream.configure(kv_usage_override=value)
-        _, took = await await_scrape(proxy.client, kv_is(value), timeout=5.0)
-        assert took < WITHIN, f"KV usage {value} took {took:.2f}s to show"
+        await scrape_ticks.rounds(1)
+        m = await ascrape(proxy.client)
+        assert kv_is(value)(m), f"KV usage {value} not shown after one scrape:\n{m.text}"
+    assert scrape_ticks.slept == [INTERVAL] * 4
+    assert len(sim_upstream.requests("/metrics")) - asked == 4
 
 
 def test_running_and_waiting_follow_the_upstream(
@@ -60,7 +79,7 @@ def test_running_and_waiting_follow_the_upstream(
             + body
         )
         sim_upstream.wait_for_state(lambda s: s["running"] + s["waiting"] == 1)
-        m, _ = wait_for_scrape(
+        m = wait_for_scrape(
             proxy.url,
             lambda s: (
                 s.value("trimproxy_upstream_requests_running")
@@ -78,6 +97,7 @@ def test_running_and_waiting_follow_the_upstream(
 async def test_fastchat_without_metrics_is_said_once_and_backed_off(
     app_proxy: StartApp,
     sim_upstream_factory: Callable[..., SimUpstream],
+    scrape_ticks: SteppedSleep,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger="trimproxy")
@@ -86,17 +106,19 @@ async def test_fastchat_without_metrics_is_said_once_and_backed_off(
     client = proxy.client
     body = {"model": "sim-model", "messages": [{"role": "user", "content": "hi"}]}
     assert (await client.post("/v1/chat/completions", json=body)).status_code == 200
-    m, _ = await await_scrape(proxy.client, lambda s: s.has("trimproxy_upstream_metrics_up"))
-    await await_scrape(proxy.client, lambda s: len(fastchat.requests("/metrics")) >= 3, timeout=5.0)
-    # Without back-off, 3 s at 0.1 s would be 30 scrapes; doubling gives about 5.
-    scrapes = len(fastchat.requests("/metrics"))
-    assert all(r["status"] == 404 for r in fastchat.requests("/metrics"))
+    await scrape_ticks.rounds(3)
+    # Each failed scrape doubles the wait for the next: 4 scrapes ask for 3 s of sleep,
+    # where the interval alone would have scraped 30 times.
+    assert scrape_ticks.slept == [0.2, 0.4, 0.8, 1.6]
+    scrapes = fastchat.requests("/metrics")
+    assert len(scrapes) == 4
+    assert all(r["status"] == 404 for r in scrapes)
     m = await ascrape(proxy.client)
+    assert m.has("trimproxy_upstream_metrics_up")
     assert m.value("trimproxy_upstream_metrics_up") == 0
     assert m.value(KV) == 0
     said = [line for line in caplog.messages if "has no" in line and "/metrics" in line]
     assert len(said) == 1, said
-    assert scrapes <= 6, f"{scrapes} scrapes of a /metrics that is not there"
 
 
 async def test_interval_zero_turns_the_scrape_off(

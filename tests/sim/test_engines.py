@@ -6,8 +6,6 @@ engines do (measured on this load: 0.618 sticky vs 0.009 round robin)."""
 from __future__ import annotations
 
 import signal
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -18,6 +16,7 @@ import pytest
 
 from tests.conftest import StartSim
 from tests.sim.conversations import run_interleaved
+from tests.support.demo import DemoProcess
 from tests.support.inprocess import StartApp
 from tests.support.processes import LoggedProcess, child_env
 from tests.support.sim import SimUpstream
@@ -26,13 +25,13 @@ READY = "trimproxy-sim listening on "
 ENGINES = 3
 
 
-def _ready_urls(proc: LoggedProcess, prefix: str, count: int, timeout: float = 20) -> list[str]:
+def _ready_urls(proc: LoggedProcess, count: int, timeout: float = 20) -> list[str]:
     deadline = time.monotonic() + timeout
     while True:
         urls = [
             line.rsplit(" ", 1)[1].strip()
             for line in proc.logs().splitlines()
-            if line.startswith(prefix) or (prefix in line and "at http" in line)
+            if line.startswith(READY)
         ]
         if len(urls) >= count:
             return urls
@@ -49,7 +48,7 @@ def test_sim_engines_are_independent_servers(tmp_path: Path) -> None:
     args = [sys.executable, "-m", "proxy.sim", "--port", "0", "--engines", str(ENGINES)]
     proc = LoggedProcess(args, child_env(), tmp_path, "sim-engines")
     try:
-        urls = _ready_urls(proc, READY, ENGINES)
+        urls = _ready_urls(proc, ENGINES)
         assert len(set(urls)) == ENGINES
         body = {"model": "sim-model", "messages": [{"role": "user", "content": "hi " * 40}]}
         for _ in range(2):
@@ -63,47 +62,23 @@ def test_sim_engines_are_independent_servers(tmp_path: Path) -> None:
         proc.stop()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def test_serve_demo_engines_prints_each_and_routes_over_them(tmp_path: Path) -> None:
-    port = _free_port()
-    args = [sys.executable, "-m", "proxy.cli", "serve", "--demo", "--engines", "3",
-            "--port", str(port)]  # fmt: skip
-    proc = LoggedProcess(args, child_env(), tmp_path, "demo-engines")
-    try:
-        urls = _ready_urls(proc, "demo upstream", ENGINES, timeout=60)
-        assert [f"engine {i} of 3" in proc.logs() for i in (1, 2, 3)] == [True] * 3
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.alive() and time.monotonic() < deadline, proc.logs()
-            time.sleep(0.1)
-        ready = httpx.get(f"http://127.0.0.1:{port}/readyz").json()
+def test_serve_demo_engines_prints_each_and_routes_over_them() -> None:
+    with DemoProcess(engines=3) as demo:
+        urls = demo.upstreams()
+        assert len(set(urls)) == ENGINES
+        assert [f"engine {i} of 3" in demo.logs() for i in (1, 2, 3)] == [True] * 3
+        ready = httpx.get(f"{demo.url}/readyz").json()
         assert (ready["engines"], ready["engines_up"]) == (3, 3)
         for i in range(9):  # nine sessions, routed over the three engines
             body = {"model": "sim-model", "messages": [{"role": "user", "content": f"hello {i}"}]}
-            answer = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body,
+            answer = httpx.post(f"{demo.url}/v1/chat/completions", json=body,
                                 headers={"x-session-id": f"s{i}"}, timeout=30)  # fmt: skip
             assert answer.status_code == 200, answer.text
         assert sum(_hits(url)[1] > 0 for url in urls) >= 2  # not all on one engine
-    finally:
-        proc.process.send_signal(signal.SIGINT)
-        try:
-            proc.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.stop()
-    for url in urls:  # the engines went with the demo
-        with pytest.raises(httpx.TransportError):
-            httpx.get(f"{url}/health", timeout=2)
+        demo.stop_with(signal.SIGINT)
+        for url in urls:  # the engines went with the demo
+            with pytest.raises(httpx.TransportError):
+                httpx.get(f"{url}/health", timeout=2)
 
 
 async def _hit_ratio(

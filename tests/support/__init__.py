@@ -1,1 +1,2 @@
-"""Test support code shared by the test folders: the tiny model and the FastChat stack."""
+"""Test support code shared by the test folders: processes, the demo, the sim, injected
+sleeps, Redis, the real stacks and the tiny model."""

@@ -285,7 +285,8 @@ class ProxyProcess(Stack):
     named with or without the prefix: ``{"max_prompt_tokens": 600}``.
 
     ``env`` adds raw variables; ``workers`` becomes ``--workers``. It runs in an empty
-    directory (no stray ``.env`` is read) and logs to a file that ``logs()`` reads.
+    directory (no stray ``.env`` is read) and logs to a file that ``logs()`` reads. It
+    is up once ``ready_path`` answers 200; a subclass adds to ``serve_args``.
     """
 
     settings: Mapping[str, Any] = field(default_factory=dict)
@@ -294,6 +295,7 @@ class ProxyProcess(Stack):
     startup_timeout: float = PROXY_START_TIMEOUT
     workdir: Path | None = None
     port: int = 0
+    ready_path: str = "/healthz"
     child: LoggedProcess | None = field(default=None, init=False)
     #: The log as it was when the process stopped (a temporary folder is removed then).
     final_log: str = field(default="", init=False)
@@ -317,6 +319,10 @@ class ProxyProcess(Stack):
     def child_env(self) -> dict[str, str]:
         return child_env({**setting_env(self.settings), **self.env})
 
+    def serve_args(self) -> list[str]:
+        """``serve``'s arguments besides the address."""
+        return [] if self.workers is None else ["--workers", str(self.workers)]
+
     def start(self) -> ProxyProcess:
         if self.workdir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="trimproxy-proc-")
@@ -325,14 +331,12 @@ class ProxyProcess(Stack):
         why = ""
         for _attempt in range(1 if fixed else 3):
             self.port = self.port if fixed else free_port()
-            args = [sys.executable, "-m", "proxy.cli", "serve",
-                    "--host", "127.0.0.1", "--port", str(self.port)]  # fmt: skip
-            if self.workers is not None:
-                args += ["--workers", str(self.workers)]
+            args = [sys.executable, "-m", "proxy.cli", "serve", "--host", "127.0.0.1",
+                    "--port", str(self.port), *self.serve_args()]  # fmt: skip
             child = LoggedProcess(args, self.child_env(), self.workdir, f"proxy-{self.port}")
             try:
                 wait_for_http(
-                    f"{self.url}/healthz",
+                    f"{self.url}{self.ready_path}",
                     timeout=self.startup_timeout,
                     procs=[("trimproxy", child.process, child.log_path)],
                 )
@@ -344,7 +348,7 @@ class ProxyProcess(Stack):
                 continue  # another process took the port between free_port() and bind
             self.child = child
             return self
-        raise StackError(f"trimproxy serve did not become healthy: {why}")
+        raise StackError(f"trimproxy serve did not answer {self.ready_path}: {why}")
 
     def logs(self) -> str:
         if self.child is None:
