@@ -96,7 +96,7 @@ class Check:
     name: str
     #: The shortcut a failure turns off: the template's tracked render (its split is
     #: estimated), counting by runs (whole prompts are encoded), or placement (the
-    #: requests are rendered tracked).
+    #: requests are rendered tracked); "template": the counter does not load.
     shortcut: Literal["tracking", "runs", "placement", "template"]
     #: What the counter does while the check fails, or what the operator should do.
     instead: str
