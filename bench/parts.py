@@ -93,7 +93,7 @@ def build(part: str, workdir: Path) -> Callable[[], object]:
 
 
 def _build_hf(part: str, workdir: Path, messages: list[Any]) -> Callable[[], object]:
-    from proxy.tokens.hf.counter import HFCounter, load_tokenizer
+    from proxy.tokens.hf import HFCounter, load_tokenizer
     from proxy.tokens.hf.normalize import to_conversation
     from proxy.tokens.hf.render import attribute
 

@@ -146,7 +146,7 @@ def _check_tokenizer(settings: Settings) -> None:
     if kind != "hf":
         return
     from proxy.tokens.errors import ConfigError
-    from proxy.tokens.hf.counter import tokenizer_dir
+    from proxy.tokens.hf.load import tokenizer_dir
 
     try:
         tokenizer_dir(spec)

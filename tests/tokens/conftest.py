@@ -12,7 +12,7 @@ import pytest
 from proxy.tokens.hf import HFCounter, load_tokenizer
 from tests.support.tiny_model import build_tokenizer
 from tests.tokens.published import DEEPSEEK_R1, fetch
-from tests.tokens.templates import TEMPLATES
+from tests.tokens.templates import FAILING, TEMPLATES
 
 
 @pytest.fixture(scope="session")
@@ -22,7 +22,8 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def template_dir(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
-    """The tiny tokenizer with one of tests/tokens/templates.py as its chat template."""
+    """The tiny tokenizer with one of tests/tokens/templates.py as its chat template
+    (``TEMPLATES`` or ``FAILING``)."""
     made: dict[str, Path] = {}
 
     def make(name: str) -> Path:
@@ -30,7 +31,7 @@ def template_dir(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ca
             dest = tmp_path_factory.mktemp(name)
             shutil.copytree(tiny_dir, dest, dirs_exist_ok=True)
             config = json.loads((dest / "tokenizer_config.json").read_text())
-            config["chat_template"] = TEMPLATES[name]
+            config["chat_template"] = {**TEMPLATES, **FAILING}[name]
             (dest / "tokenizer_config.json").write_text(json.dumps(config))
             made[name] = dest
         return made[name]

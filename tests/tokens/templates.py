@@ -103,3 +103,47 @@ TEMPLATES = {
     "sliced_system": SLICED_SYSTEM,
     "content_parts": CONTENT_PARTS,
 }
+
+# Templates that each fail one of the hf counter's named start-up checks
+# (proxy/tokens/hf/self_check.py), as a real template could.
+
+# Refuses every conversation: a tokenizer whose chat template is not for chat.
+REFUSES_ALL = r"""{{- raise_exception('this template renders no chat') }}"""
+
+# Renders the messages last to first: tracking sees each message where its loop
+# reads it, and no text lies in its own stretch (messages-in-place).
+REVERSED = r"""
+{%- for message in messages | reverse %}
+{{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}
+"""
+
+# Repeats the first message before the conversation: found by its header, the first
+# message is the copy, tracking puts it in the loop (placement).
+REPEATS_FIRST = r"""
+{{- '<|im_start|>' + messages[0].role + '\n' + messages[0].content + '<|im_end|>\n' }}
+{%- for message in messages %}
+{{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}
+"""
+
+# Writes an assistant's tool calls before its header: a tool-call turn placed by
+# its header alone starts after them, tracking puts them in it (tool-call-placement).
+CALLS_FIRST = r"""
+{%- for message in messages %}
+{%- for call in message.tool_calls | default([]) %}
+{{- '<tool_call>' + call.function.name + '</tool_call>\n' }}
+{%- endfor %}
+{{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}
+"""
+
+FAILING = {
+    "refuses_all": REFUSES_ALL,
+    "reversed": REVERSED,
+    "repeats_first": REPEATS_FIRST,
+    "calls_first": CALLS_FIRST,
+}
