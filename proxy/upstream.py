@@ -286,9 +286,10 @@ class Upstream:
             )
         engine.state_known()
 
-    def engine_answered(self, engine: Engine) -> None:
-        """Back in (or still in) the rotation: its health probe answered."""
-        if engine.health.answered(time.monotonic(), self.health_interval):
+    def engine_answered(self, engine: Engine, asked_in: int | None = None) -> None:
+        """Back in (or still in) the rotation: its health probe, sent in failure epoch
+        ``asked_in``, answered (``Health.answered``)."""
+        if engine.health.answered(time.monotonic(), self.health_interval, asked_in):
             log.info("engine %s answers again and rejoins the rotation", engine.label)
         engine.state_known()
 

@@ -34,6 +34,8 @@ class Health:
     next_probe: float = 0.0
     reason: str = ""
     """Why it is out: a bounded word (``connect``, ``timeout``, ``http_503``, ...)."""
+    epoch: int = 0
+    """Failures seen in all: a probe sent before the latest one is stale (``answered``)."""
 
     def failed(self, now: float, reason: str, interval: float) -> bool:
         """Out of the rotation; True when it was in until now."""
@@ -42,10 +44,15 @@ class Health:
         self.reason = reason
         self.next_probe = now + min(FIRST_RETRY * 2 ** min(self.failures, 16), interval)
         self.failures += 1
+        self.epoch += 1
         return was_up
 
-    def answered(self, now: float, interval: float) -> bool:
-        """In the rotation; True when it was out until now."""
+    def answered(self, now: float, interval: float, asked_in: int | None = None) -> bool:
+        """In the rotation; True when it was out until now. ``asked_in``: the ``epoch``
+        the probe was sent in; an answer to a probe sent before a request found the
+        engine down is stale (the engine may have died since) and changes nothing."""
+        if asked_in is not None and asked_in != self.epoch:
+            return False
         was_down = not self.up
         self.up = True
         self.failures = 0

@@ -69,6 +69,7 @@ class Prober:
 
     async def probe(self, engine: Engine) -> bool:
         """One probe of ``engine``; True when it answered."""
+        asked_in = engine.health.epoch
         try:
             async with asyncio.timeout(self._timeout):
                 readiness = await self._upstream.engine_ready(engine)
@@ -76,7 +77,7 @@ class Prober:
         except TimeoutError:
             ok, why = False, f"no answer within {self._timeout:g} s"
         if ok:
-            self._upstream.engine_answered(engine)
+            self._upstream.engine_answered(engine, asked_in)
         else:
             if engine.health.up:
                 log.warning("engine %s failed its health probe: %s", engine.label, why)
