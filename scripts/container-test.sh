@@ -150,11 +150,14 @@ setup_engine() {
 }
 
 # dockerd, when the machine has a docker client but no daemon (CI): started in the
-# background with Docker's defaults, stopped again when the script exits.
-DOCKERD_PID=
+# background with Docker's defaults, stopped again when the script exits. dockerd sets
+# iptables' FORWARD policy to DROP and leaves it so: the machine's own is put back, for
+# whatever else forwards here (podman's networks, test network namespaces).
+DOCKERD_PID= FORWARD_POLICY=
 start_dockerd() {
   step "starting dockerd (log: $CACHE/dockerd.log)"
-  dockerd >"$CACHE/dockerd.log" 2>&1 &
+  FORWARD_POLICY=$(iptables -S FORWARD 2>/dev/null | sed -n 's/^-P FORWARD //p')
+  dockerd </dev/null >"$CACHE/dockerd.log" 2>&1 &
   DOCKERD_PID=$!
   trap stop_dockerd EXIT
   for _ in $(seq 60); do
@@ -167,8 +170,8 @@ start_dockerd() {
 
 stop_dockerd() {
   step "stopping dockerd"
-  kill -TERM "$DOCKERD_PID" 2>/dev/null || return 0
-  wait "$DOCKERD_PID" || true
+  if kill -TERM "$DOCKERD_PID" 2>/dev/null; then wait "$DOCKERD_PID" || true; fi
+  if [ -n "$FORWARD_POLICY" ]; then iptables -P FORWARD "$FORWARD_POLICY" || true; fi
 }
 
 # `docker compose` and `docker buildx` (BuildKit: `build --secret`), as a Docker user
