@@ -54,9 +54,11 @@ pick_engine() {
 # only those the machine needs: runc where the cgroup hierarchy is not unified (crun
 # refuses a hybrid one), and ulimits the sandbox lets a container have (podman asks
 # for 1048576 files and processes; without CAP_SYS_RESOURCE no hard limit can be raised,
-# and the sandbox caps what a container's init gets below the host shell's limits).
+# and the sandbox caps what a container's init gets below the host shell's limits), and
+# netavark where the CNI plugins are installed too (podman keeps to CNI once its store
+# holds an image, and CNI without the dnsname plugin resolves no compose service name).
 PODMAN_CONF=/etc/containers/containers.conf.d/60-trimproxy-ci.conf
-RUNTIME_SETTINGS= ULIMIT_SETTINGS=
+RUNTIME_SETTINGS= NETWORK_SETTINGS= ULIMIT_SETTINGS=
 
 # Whether a setting is made in podman's configuration other than our drop-in.
 configured_elsewhere() {
@@ -65,7 +67,7 @@ configured_elsewhere() {
 }
 
 write_podman_conf() {
-  local settings=$RUNTIME_SETTINGS$ULIMIT_SETTINGS
+  local settings=$RUNTIME_SETTINGS$NETWORK_SETTINGS$ULIMIT_SETTINGS
   if [ -z "$settings" ]; then
     if [ -f "$PODMAN_CONF" ]; then step "removing $PODMAN_CONF (not needed)"; rm -f "$PODMAN_CONF"; fi
   elif [ "$(cat "$PODMAN_CONF" 2>/dev/null)" != "${settings%$'\n'}" ]; then
@@ -77,6 +79,11 @@ write_podman_conf() {
 configure_runtime() {
   if [ "$(stat -fc %T /sys/fs/cgroup)" != cgroup2fs ] && ! configured_elsewhere runtime; then
     RUNTIME_SETTINGS=$'[engine]\nruntime = "runc"\n'
+  fi
+  if [ -e /usr/lib/cni/bridge ] && ! configured_elsewhere network_backend; then
+    NETWORK_SETTINGS=$'[network]\nnetwork_backend = "netavark"\n'
+    # CNI's bridge, left by an earlier podman on CNI, holds the default network's subnet.
+    if ip link show cni-podman0 >/dev/null 2>&1; then ip link delete cni-podman0; fi
   fi
   # Our old ulimits stay until the probe below has checked them.
   if grep -qs default_ulimits "$PODMAN_CONF"; then
@@ -124,6 +131,9 @@ setup_engine() {
   if [ "$ENGINE" = podman ]; then
     command -v podman >/dev/null 2>&1 || missing+=(podman)
     command -v runc >/dev/null 2>&1 || missing+=(runc)
+    # Without recommends apt satisfies podman with the CNI plugins, not netavark.
+    [ -x /usr/lib/podman/netavark ] || missing+=(netavark)
+    [ -x /usr/lib/podman/aardvark-dns ] || missing+=(aardvark-dns)
     # netavark, podman's network backend, sets up NAT with iptables.
     command -v iptables >/dev/null 2>&1 || missing+=(iptables)
   elif ! docker info >/dev/null 2>&1; then
