@@ -197,7 +197,7 @@ docker_plugins() {
     apt_install "${missing[@]}"
     return
   fi
-  step "installing ${missing[*]} from Debian 13"
+  step "fetching ${missing[*]} from Debian 13"
   local apt=$CACHE/apt-trixie mirror opts
   mirror=$(apt-get indextargets --format '$(REPO_URI)' 'Identifier: Packages' \
     'Origin: Debian' 'Codename: bookworm' 'Component: main' | head -n1)
@@ -206,11 +206,11 @@ docker_plugins() {
   echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $mirror trixie main" \
     >"$apt/sources.list"
   opts=(-o "Dir::Etc::SourceList=$apt/sources.list" -o Dir::Etc::SourceParts=/dev/null
-    -o "Dir::State::Lists=$apt/lists" -o "Dir::Cache=$apt/cache")
+    -o "Dir::State::Lists=$apt/lists" -o "Dir::Cache=$apt/cache" -o APT::Sandbox::User=root)
   apt-get "${opts[@]}" update -qq
   rm -f "$apt/debs"/*.deb
   (cd "$apt/debs" && apt-get "${opts[@]}" download -qq "${missing[@]}")
-  dpkg -i "$apt/debs"/*.deb >/dev/null
+  apt_install "$apt/debs"/*.deb
   docker compose version >/dev/null && docker buildx version >/dev/null
 }
 
