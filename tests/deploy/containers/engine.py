@@ -17,6 +17,7 @@ from typing import Any
 ENV_ENGINE = "TRIMPROXY_CT_ENGINE"
 ENV_COMPOSE = "TRIMPROXY_CT_COMPOSE"
 ENV_IMAGE = "TRIMPROXY_CT_IMAGE"
+ENV_PYTHON = "TRIMPROXY_CT_PYTHON_IMAGE"
 ENV_REDIS = "TRIMPROXY_CT_REDIS_IMAGE"
 ENV_PROMETHEUS = "TRIMPROXY_CT_PROMETHEUS_IMAGE"
 PROJECT_LABEL = "com.docker.compose.project"
@@ -116,11 +117,12 @@ class Compose:
 
 def from_environment() -> tuple[Engine, tuple[str, ...], dict[str, str]] | None:
     """The engine, the compose command and the images, or None outside the script."""
-    names = (ENV_ENGINE, ENV_COMPOSE, ENV_IMAGE, ENV_REDIS, ENV_PROMETHEUS)
+    names = (ENV_ENGINE, ENV_COMPOSE, ENV_IMAGE, ENV_PYTHON, ENV_REDIS, ENV_PROMETHEUS)
     if not all(os.environ.get(n) for n in names):
         return None
     images = {
         "proxy": os.environ[ENV_IMAGE],
+        "python": os.environ[ENV_PYTHON],
         "redis": os.environ[ENV_REDIS],
         "prometheus": os.environ[ENV_PROMETHEUS],
     }

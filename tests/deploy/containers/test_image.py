@@ -49,6 +49,17 @@ def test_pip_check_is_clean_and_no_torch(engine: Engine, images: dict[str, str])
     assert re.search(r"^trimproxy\s+0\.1\.0$", listed, flags=re.MULTILINE), listed
 
 
+def test_the_build_secret_stays_out_of_the_image(engine: Engine, images: dict[str, str]) -> None:
+    """``--host-ca`` passes the host's CA bundle as the build secret ``host-ca``, mounted
+    over the base's for the pip step alone: the image keeps the base's bundle."""
+    bundle = "/etc/ssl/certs/ca-certificates.crt"
+
+    def digest(image: str) -> str:
+        return engine("run", "--rm", "--entrypoint", "sha256sum", image, bundle).split()[0]
+
+    assert digest(images["proxy"]) == digest(images["python"])
+
+
 def test_it_runs_as_10001_with_that_group_named(engine: Engine, images: dict[str, str]) -> None:
     out = engine("run", "--rm", "--entrypoint", "id", images["proxy"]).strip()
     assert out == "uid=10001(trimproxy) gid=10001(trimproxy) groups=10001(trimproxy)"
