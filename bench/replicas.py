@@ -33,6 +33,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -90,6 +91,25 @@ class ArmResult:
     @property
     def hit_ratio(self) -> float:
         return self.hits / self.queries if self.queries else 0.0
+
+
+def engine_stacks(model_dir: Path, count: int, kv_blocks: int, nice: int = 0) -> list[VllmStack]:
+    """``count`` engines (not started) on 127.0.0.2, .3, ... sharing one port, as the pods
+    behind one DNS name do; each serves ``POST /reset_prefix_cache``."""
+    port = free_port()
+    return [
+        VllmStack(model_dir, kv_blocks=kv_blocks, max_model_len=2048, nice=nice,
+                  env={"VLLM_SERVER_DEV_MODE": "1"}, host=f"127.0.0.{2 + i}", port=port)
+        for i in range(count)
+    ]  # fmt: skip
+
+
+def start_all(engines: Sequence[VllmStack]) -> None:
+    """Start the engines side by side: much of a start is waiting on imports and files,
+    so overlapping them costs less than one after another."""
+    with ThreadPoolExecutor(len(engines)) as pool:
+        for started in [pool.submit(engine.start) for engine in engines]:
+            started.result()
 
 
 def router_python() -> Path:
@@ -245,7 +265,8 @@ def run_arm(
                     "routing": routing,
                     "max_prompt_tokens": load.budget,
                     "tokenizer": f"hf:{model_dir}",
-                }
+                },
+                startup_timeout=120.0,
             ).start()
             stack.callback(proxy.stop)
             url = f"{proxy.api_base}/chat/completions"
@@ -306,17 +327,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     results: list[ArmResult] = []
     with ExitStack() as stack:
-        engines = []
-        for _ in range(args.engines):
-            engine = VllmStack(
-                model_dir,
-                kv_blocks=args.kv_blocks,
-                max_model_len=2048,
-                env={"VLLM_SERVER_DEV_MODE": "1"},
-            )
-            engine.start()
+        engines = engine_stacks(model_dir, args.engines, args.kv_blocks)
+        for engine in engines:
             stack.callback(engine.stop)
-            engines.append(engine)
+        start_all(engines)
+        for engine in engines:
             print(f"engine {engine.base_url} up in {engine.timings.ready:.0f} s", flush=True)
         for arm in arms:
             result = run_arm(arm, engines, load, model_dir, workdir)
