@@ -1,7 +1,8 @@
 """Several engines behind one model: the cluster's prefix-cache hit ratio by routing.
 
-N real vLLM engines (CPU build, tiny model, ``--kv-blocks`` x 32 tokens of KV cache each)
-serve the same conversations through each arm in turn:
+N real vLLM engines (CPU build, tiny model, ``--kv-blocks`` x 32 tokens of KV cache each,
+on 127.0.0.2, .3, ... sharing one port) serve the same conversations through each arm in
+turn (tests/e2e/test_engines_vllm.py runs the 120-word arms and asserts their ratios):
 
 * ``session``, ``round_robin``, ``least_loaded``: trimproxy (budget ``--budget``) in front
   of all N engines with that ``TRIMPROXY_ROUTING``;
@@ -119,8 +120,12 @@ def router_python() -> Path:
     if not (marker.exists() and marker.read_text() == ROUTER_PIN):
         subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
         pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", ROUTER_PIN]
-        with (cache_root() / "vllm-router-venv.log").open("wb") as log:
-            subprocess.run(pip, check=True, stdout=log, stderr=subprocess.STDOUT)
+        log = cache_root() / "vllm-router-venv.log"
+        with log.open("wb") as out:
+            done = subprocess.run(pip, stdout=out, stderr=subprocess.STDOUT)
+        if done.returncode != 0:
+            tail = log.read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"pip install {ROUTER_PIN} failed (log {log}):\n{tail}")
         marker.write_text(ROUTER_PIN)
     return venv / "bin" / "vllm-router"
 
