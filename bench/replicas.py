@@ -1,7 +1,8 @@
 """Several engines behind one model: the cluster's prefix-cache hit ratio by routing.
 
-N real vLLM engines (CPU build, tiny model, ``--kv-blocks`` x 32 tokens of KV cache each)
-serve the same conversations through each arm in turn:
+N real vLLM engines (CPU build, tiny model, ``--kv-blocks`` x 32 tokens of KV cache each,
+on 127.0.0.2, .3, ... sharing one port) serve the same conversations through each arm in
+turn (tests/e2e/test_engines_vllm.py runs the 120-word arms and asserts their ratios):
 
 * ``session``, ``round_robin``, ``least_loaded``: trimproxy (budget ``--budget``) in front
   of all N engines with that ``TRIMPROXY_ROUTING``;
@@ -33,6 +34,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -92,6 +94,25 @@ class ArmResult:
         return self.hits / self.queries if self.queries else 0.0
 
 
+def engine_stacks(model_dir: Path, count: int, kv_blocks: int, nice: int = 0) -> list[VllmStack]:
+    """``count`` engines (not started) on 127.0.0.2, .3, ... sharing one port, as the pods
+    behind one DNS name do; each serves ``POST /reset_prefix_cache``."""
+    port = free_port()
+    return [
+        VllmStack(model_dir, kv_blocks=kv_blocks, max_model_len=2048, nice=nice,
+                  env={"VLLM_SERVER_DEV_MODE": "1"}, host=f"127.0.0.{2 + i}", port=port)
+        for i in range(count)
+    ]  # fmt: skip
+
+
+def start_all(engines: Sequence[VllmStack]) -> None:
+    """Start the engines side by side: much of a start is waiting on imports and files,
+    so overlapping them costs less than one after another."""
+    with ThreadPoolExecutor(len(engines)) as pool:
+        for started in [pool.submit(engine.start) for engine in engines]:
+            started.result()
+
+
 def router_python() -> Path:
     """vllm-router's own venv (built once, reused while the pin is the same)."""
     venv = cache_root() / "vllm-router-venv"
@@ -99,8 +120,12 @@ def router_python() -> Path:
     if not (marker.exists() and marker.read_text() == ROUTER_PIN):
         subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
         pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", ROUTER_PIN]
-        with (cache_root() / "vllm-router-venv.log").open("wb") as log:
-            subprocess.run(pip, check=True, stdout=log, stderr=subprocess.STDOUT)
+        log = cache_root() / "vllm-router-venv.log"
+        with log.open("wb") as out:
+            done = subprocess.run(pip, stdout=out, stderr=subprocess.STDOUT)
+        if done.returncode != 0:
+            tail = log.read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"pip install {ROUTER_PIN} failed (log {log}):\n{tail}")
         marker.write_text(ROUTER_PIN)
     return venv / "bin" / "vllm-router"
 
@@ -245,7 +270,8 @@ def run_arm(
                     "routing": routing,
                     "max_prompt_tokens": load.budget,
                     "tokenizer": f"hf:{model_dir}",
-                }
+                },
+                startup_timeout=120.0,
             ).start()
             stack.callback(proxy.stop)
             url = f"{proxy.api_base}/chat/completions"
@@ -306,17 +332,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     results: list[ArmResult] = []
     with ExitStack() as stack:
-        engines = []
-        for _ in range(args.engines):
-            engine = VllmStack(
-                model_dir,
-                kv_blocks=args.kv_blocks,
-                max_model_len=2048,
-                env={"VLLM_SERVER_DEV_MODE": "1"},
-            )
-            engine.start()
+        engines = engine_stacks(model_dir, args.engines, args.kv_blocks)
+        for engine in engines:
             stack.callback(engine.stop)
-            engines.append(engine)
+        start_all(engines)
+        for engine in engines:
             print(f"engine {engine.base_url} up in {engine.timings.ready:.0f} s", flush=True)
         for arm in arms:
             result = run_arm(arm, engines, load, model_dir, workdir)

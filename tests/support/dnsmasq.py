@@ -3,7 +3,9 @@
 It answers only from a hosts file of its own (``--no-resolv --no-hosts``), with TTL 0,
 and re-reads the file on SIGHUP, so a test can add and remove an engine's record the
 way a headless Service's endpoints change. ``set_records`` returns once dnsmasq answers
-with the new set (asked over the wire, not waited for with a sleep).
+with the new set (asked over the wire, not waited for with a sleep). Those checks are
+sent from 127.0.0.254, so that ``lookups()`` tells the proxy's own lookups (from
+127.0.0.1) apart in the query log.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from tests.support.processes import StackError, free_port, start_process, stop_p
 
 DNSMASQ = "dnsmasq"
 _START_TIMEOUT = 10.0
+#: The source address of this module's own queries (all of 127/8 is the loopback).
+OWN_SOURCE = "127.0.0.254"
 
 
 def dnsmasq_binary() -> str | None:
@@ -108,8 +112,25 @@ class Dnsmasq:
     def query(self, name: str) -> list[str]:
         """The A records dnsmasq gives for ``name`` now (``[]`` for none)."""
         request = dns.message.make_query(name, dns.rdatatype.A)
-        response = dns.query.udp(request, "127.0.0.1", port=self.port, timeout=1.0)
+        response = dns.query.udp(
+            request, "127.0.0.1", port=self.port, timeout=1.0, source=OWN_SOURCE
+        )
         return sorted(item.to_text() for rrset in response.answer for item in rrset)
+
+    def lookups(self, name: str, source: str = "127.0.0.1") -> list[list[str]]:
+        """The answer to every A query for ``name`` from ``source`` so far, in order,
+        read from dnsmasq's query log (one query's answer lines follow its query line)."""
+        found: list[list[str]] = []
+        current: list[str] | None = None
+        for line in tail(self.log, size=10_000_000).splitlines():
+            _, _, text = line.partition(": ")
+            if text.startswith("query["):
+                current = [] if text == f"query[A] {name} from {source}" else None
+                if current is not None:
+                    found.append(current)
+            elif current is not None and text.split(" ")[1:3] == [name, "is"]:
+                current.append(text.rsplit(" ", 1)[1])
+        return [sorted(answer) for answer in found]
 
     def _wait_for(self, name: str, addresses: list[str]) -> None:
         deadline = time.monotonic() + _START_TIMEOUT

@@ -15,7 +15,7 @@ fails or on Ctrl-C. With the defaults the KV cache holds exactly 192 blocks x 32
 = 6,144 tokens (``VLLM_CPU_KVCACHE_SPACE=1`` plus ``--num-gpu-blocks-override 192``), so
 real KV pressure, preemption and queueing happen within seconds.
 
-Nothing here reaches outside loopback: the server binds 127.0.0.1 and every vLLM process
+Nothing here reaches outside loopback: the server binds a loopback address and every vLLM process
 runs with HF_HUB_OFFLINE/TRANSFORMERS_OFFLINE and usage stats off.
 
 Timings on the development machine (2 cores shared with other test runs; load average
@@ -278,6 +278,8 @@ class VllmStack(Stack):
     ``env`` adds to (and overrides) the server's environment. ``nice`` > 0 lowers the
     engine's CPU priority (``processes.yield_cpu``): the tests' engine, so that the
     proxy and the test sharing its cores are scheduled; benchmarks leave it at 0.
+    ``host`` is the loopback address it binds: engines on 127.0.0.2, .3, ... can share one
+    ``port``, as the pods behind one DNS name do.
     """
 
     def __init__(
@@ -295,6 +297,8 @@ class VllmStack(Stack):
         env: Mapping[str, str] | None = None,
         startup_timeout: float = 600,
         nice: int = 0,
+        host: str = "127.0.0.1",
+        port: int = 0,
     ) -> None:
         self.model_dir = Path(model_dir)
         self.served_name = served_name
@@ -309,7 +313,8 @@ class VllmStack(Stack):
         self.startup_timeout = startup_timeout
         self.nice = nice
         self.timings = VllmTimings()
-        self.port = 0
+        self.host = host
+        self.port = port
         self.proc: subprocess.Popen[bytes] | None = None
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self.log = Path(os.devnull)
@@ -320,7 +325,7 @@ class VllmStack(Stack):
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     @property
     def api_base(self) -> str:
@@ -346,7 +351,7 @@ class VllmStack(Stack):
             "--served-model-name",
             self.served_name,
             "--host",
-            "127.0.0.1",
+            self.host,
             "--port",
             str(self.port),
             "--block-size",
