@@ -27,7 +27,7 @@ from proxy.engines.engine import Engine
 from proxy.errors import ProxyError
 from proxy.logs import RequestFacts
 from proxy.sessions.identity import identify
-from proxy.upstream import connection_failed
+from proxy.upstream import Upstream, connection_failed
 
 log = logging.getLogger("trimproxy.engines")
 
@@ -58,6 +58,26 @@ def routing_key(request: Request, svc: Services, chat: ChatRequest) -> str | Non
     if svc.settings.routing != "session" or len(svc.upstream.engines.live()) < 2:
         return None
     return identify(request.headers, svc.settings.session_header, chat.user, chat.messages).key
+
+
+async def send_alone(
+    upstream: Upstream,
+    engine: Engine,
+    path: str,
+    headers: dict[str, str],
+    body: bytes,
+    client_gone: asyncio.Future[None],
+    facts: RequestFacts,
+) -> aiohttp.ClientResponse:
+    """The chat request of an upstream that is one engine without a KV ledger
+    (``Upstream.lone``): nothing to route, weigh, reserve or fail over to, so none of
+    ``send_chat``'s bookkeeping; cancels ``client_gone`` when it fails."""
+    facts.engine = engine.label
+    try:
+        return await upstream.send(engine, "POST", path, headers, body, client_gone)
+    except BaseException:
+        client_gone.cancel()
+        raise
 
 
 async def send_chat(
