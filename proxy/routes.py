@@ -182,8 +182,9 @@ async def _send_routed(
     n = allowance.n if allowance is not None else 1
     need = Need(prepared.forwarded_tokens, prepared.reserve, n)
     sent = await send_chat(
-        request, svc, chat, CHAT_PATH, headers, prepared.body, need, client_gone, facts
-    )
+        request, svc, chat, CHAT_PATH, headers, prepared.body, need, client_gone, facts,
+        prepared.session_key,
+    )  # fmt: skip
     watch = None
     reservation = sent.reservation
     if reservation is not None:

@@ -53,10 +53,15 @@ class Sent:
             self.reservation.release()
 
 
-def routing_key(request: Request, svc: Services, chat: ChatRequest) -> str | None:
-    """The session identity that ``session`` routing hashes; None when nothing to pick."""
+def routing_key(
+    request: Request, svc: Services, chat: ChatRequest, known: str | None = None
+) -> str | None:
+    """The session identity that ``session`` routing hashes; None when nothing to pick.
+    ``known``: the identity the session step worked out already (one hash a request)."""
     if svc.settings.routing != "session" or len(svc.upstream.engines.live()) < 2:
         return None
+    if known is not None:
+        return known
     return identify(request.headers, svc.settings.session_header, chat.user, chat.messages).key
 
 
@@ -90,12 +95,14 @@ async def send_chat(
     need: Need,
     client_gone: asyncio.Future[None],
     facts: RequestFacts,
+    session_key: str | None = None,
 ) -> Sent:
     """Forward the chat request (``need``: what it may hold in the KV cache) to its
-    engine; cancels ``client_gone`` when it fails."""
+    engine; cancels ``client_gone`` when it fails. ``session_key``: the session step's
+    identity of the request, when it has one."""
     upstream = svc.upstream
     try:
-        order = upstream.order(routing_key(request, svc, chat), need.tokens())
+        order = upstream.order(routing_key(request, svc, chat, session_key), need.tokens())
     except BaseException:
         client_gone.cancel()
         raise
