@@ -6,7 +6,10 @@ the instructions a process executes per request hardly move at all. Each target 
 ``valgrind --tool=callgrind``, warmed with ``--warmup`` requests, and then sent
 ``--requests`` more at ``-c`` concurrency by an aiohttp client outside valgrind; the
 counters are dumped before and after (``callgrind_control -d``), so start-up is not
-counted. Prints Ir (instructions) per request and the ratio to ``floor``.
+counted. The proxies' scrape of the sim's ``/metrics`` is off (``--scrape`` keeps it):
+it runs on a timer, so its share of a request follows the wall time, which valgrind
+and the machine's load stretch (~1 % from run to run). Prints Ir (instructions) per
+request and the ratio to ``floor``.
 
     .venv/bin/python bench/callgrind_cost.py                       # ~8 min: 3 targets
     .venv/bin/python bench/callgrind_cost.py --targets trimproxy,floor --requests 200
@@ -58,11 +61,14 @@ def instructions_per_request(
 ) -> float:
     out = workdir / f"{name}.callgrind"
     spawn = overhead._spawn
+    scrape: bool = args.scrape
 
     def under_valgrind(
         name: str, args: list[str], workdir: Path, env: dict[str, str]
     ) -> overhead.Server:
         wrapped = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}.%p", *args]
+        if not scrape:
+            env = {**env, "TRIMPROXY_UPSTREAM_METRICS_INTERVAL": "0"}
         return spawn(name, wrapped, workdir, env)
 
     overhead._spawn = under_valgrind
@@ -101,6 +107,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="streamed at an engine's pace (overhead.py's paced mode; use -c 1: under "
         "valgrind a proxy keeps up with one such stream, not sixteen)",
+    )
+    parser.add_argument(
+        "--scrape",
+        action="store_true",
+        help="keep the proxies' /metrics scrape of the sim on (off by default: it runs on a "
+        "timer, so its share of a request follows the wall time valgrind takes, ~1 %% apart "
+        "from run to run)",
     )
     parser.add_argument("--baseline", type=Path, default=None, help="for the -base targets")
     parser.add_argument(

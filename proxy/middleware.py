@@ -71,6 +71,33 @@ def body_complete(message: Message) -> bool:
     return message["type"] == "http.request" and not message.get("more_body", False)
 
 
+class _Answer:
+    """Accounting's ``send``: notes the status and puts the request id in the head.
+
+    After the head it only passes messages on, so it names the ``send`` it passes them
+    to as ``body_send``: the relay sends a body's chunks there (one call less per
+    chunk). Every middleware outside Accounting still sees every byte; one inside it
+    that wraps ``send`` hands the relay its own wrapper, which has no ``body_send``.
+    """
+
+    __slots__ = ("body_send", "rid_header", "status")
+
+    def __init__(self, send: Send, rid_header: tuple[bytes, bytes]) -> None:
+        self.body_send = send
+        self.rid_header = rid_header
+        self.status = 500
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+            out = [self.rid_header]
+            for header in message.get("headers", ()):
+                if header[0] != REQUEST_ID_HEADER:  # an upstream's echo of it
+                    out.append(header)
+            message = {**message, "headers": out}
+        await self.body_send(message)
+
+
 class Accounting:
     """Counts every answered request by route and status, with its duration, and
     writes its access line.
@@ -98,26 +125,13 @@ class Accounting:
             refused = None
         path: str = scope["path"]
         route = route_label(path)
-        status = 500
         request_id, headers = ensure_request_id(scope["headers"])
         if headers is not None:
             scope = {**scope, "headers": headers}
         facts = RequestFacts(request_id)
         state = scope.setdefault("state", {})
         state[FACTS_KEY] = facts
-        rid_header = (REQUEST_ID_HEADER, request_id.encode("ascii"))
-
-        async def send_wrapper(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-                out = [rid_header]
-                for header in message.get("headers", ()):
-                    if header[0] != REQUEST_ID_HEADER:  # an upstream's echo of it
-                        out.append(header)
-                message = {**message, "headers": out}
-            await send(message)
-
+        answer = _Answer(send, (REQUEST_ID_HEADER, request_id.encode("ascii")))
         in_flight = False
 
         async def receive_wrapper() -> Message:
@@ -131,9 +145,9 @@ class Accounting:
         try:
             if refused is not None:
                 facts.error = refused.code
-                await send_error(send_wrapper, refused)
+                await send_error(answer, refused)
             else:
-                await self.app(scope, receive_wrapper, send_wrapper)
+                await self.app(scope, receive_wrapper, answer)
         except RelayAborted as exc:
             facts.error = str(exc)  # the status went out as 200; the line says it broke off
             raise
@@ -141,6 +155,7 @@ class Accounting:
             elapsed = time.perf_counter() - start
             if in_flight:
                 self.metrics.in_flight.dec()
+            status = answer.status
             self.metrics.answered(route, status, elapsed)
             level = logging.DEBUG if route in _QUIET_ROUTES else logging.INFO
             if self.access.enabled(level):

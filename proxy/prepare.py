@@ -64,6 +64,8 @@ class Prepared:
     """The completion allowance: per answer, ``n``, and where it came from."""
     series: ModelSeries | None = None
     """The request's per-model metric series (the relay observes the estimate error)."""
+    session_key: str | None = None
+    """The session's identity when session limits worked it out (routing reuses it)."""
 
 
 async def model_series(svc: Services, model: str | None) -> ModelSeries:
@@ -228,6 +230,7 @@ async def prepare(
     facts.model = chat.model
 
     history_start = 0
+    session_key = None
     headers: dict[str, str] = {}
     if svc.sessions is not None:
         try:
@@ -236,6 +239,7 @@ async def prepare(
             facts.session_id = exc.headers.get(SESSION_ID)
             raise
         history_start = admission.history_start
+        session_key = admission.key
         headers.update(admission.headers)
         facts.session_id = admission.headers.get(SESSION_ID)
     upstream, allowance = apply_allowance(svc, chat, headers)
@@ -289,4 +293,5 @@ async def prepare(
         reserve=allowance.tokens,
         allowance=allowance,
         series=metrics,
+        session_key=session_key,
     )

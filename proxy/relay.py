@@ -151,9 +151,10 @@ class Relay(Response):
 
     async def _pump(self, send: Send) -> None:
         """The head, then the body chunk by chunk as aiohttp hands them over, all
-        through ``send``: every middleware sees every byte. Sending the body past the
-        middleware instead saved ~9 % of a paced 64-chunk stream under callgrind (none
-        at 16 events), but a gzip, tracing or metering middleware then missed it."""
+        through ``send`` (or the ``body_send`` it names): every middleware sees every
+        byte. Sending the body past the middleware instead saved ~9 % of a paced
+        64-chunk stream under callgrind (none at 16 events), but a gzip, tracing or
+        metering middleware then missed it."""
         length = self._upstream.content_length
         if self._captured is not None and length is not None and length <= self._capture_limit:
             await self._send_whole(send)
@@ -161,6 +162,9 @@ class Relay(Response):
         await send(
             {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
         )
+        # A send that only passes the body on after the head names where
+        # (``middleware.Accounting``): a call less per chunk, about 1 % of a paced stream.
+        send = getattr(send, "body_send", send)
         # Locals, not attributes, in the loop: it runs once per SSE event.
         on_first_byte = self._on_first_byte
         on_chunk = self._on_chunk

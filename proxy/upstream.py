@@ -174,8 +174,13 @@ class Upstream:
         self.discovery: Discovery | None = None
         """The DNS lookups of a ``dns+http://`` upstream (``start_discovery``)."""
         name = parse_dns_url(settings.upstream_url)
+        self.lone: Engine | None = None
+        """The engine of an upstream that is one URL for good (no list, no DNS): its
+        chat requests skip routing (docs/architecture.md §20)."""
         if engines is None:
             engines = StaticEngines([] if name else settings.upstream_url.split(","))
+            if name is None and len(engines.all()) == 1:
+                self.lone = engines.all()[0]
         self.engines: EngineList = engines
         if name is not None:
             resolver = DnsResolver(settings.dns_nameserver)

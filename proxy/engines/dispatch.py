@@ -27,7 +27,7 @@ from proxy.engines.engine import Engine
 from proxy.errors import ProxyError
 from proxy.logs import RequestFacts
 from proxy.sessions.identity import identify
-from proxy.upstream import connection_failed
+from proxy.upstream import Upstream, connection_failed
 
 log = logging.getLogger("trimproxy.engines")
 
@@ -53,11 +53,36 @@ class Sent:
             self.reservation.release()
 
 
-def routing_key(request: Request, svc: Services, chat: ChatRequest) -> str | None:
-    """The session identity that ``session`` routing hashes; None when nothing to pick."""
+def routing_key(
+    request: Request, svc: Services, chat: ChatRequest, known: str | None = None
+) -> str | None:
+    """The session identity that ``session`` routing hashes; None when nothing to pick.
+    ``known``: the identity the session step worked out already (one hash a request)."""
     if svc.settings.routing != "session" or len(svc.upstream.engines.live()) < 2:
         return None
+    if known is not None:
+        return known
     return identify(request.headers, svc.settings.session_header, chat.user, chat.messages).key
+
+
+async def send_alone(
+    upstream: Upstream,
+    engine: Engine,
+    path: str,
+    headers: dict[str, str],
+    body: bytes,
+    client_gone: asyncio.Future[None],
+    facts: RequestFacts,
+) -> aiohttp.ClientResponse:
+    """The chat request of an upstream that is one engine without a KV ledger
+    (``Upstream.lone``): nothing to route, weigh, reserve or fail over to, so none of
+    ``send_chat``'s bookkeeping; cancels ``client_gone`` when it fails."""
+    facts.engine = engine.label
+    try:
+        return await upstream.send(engine, "POST", path, headers, body, client_gone)
+    except BaseException:
+        client_gone.cancel()
+        raise
 
 
 async def send_chat(
@@ -70,12 +95,14 @@ async def send_chat(
     need: Need,
     client_gone: asyncio.Future[None],
     facts: RequestFacts,
+    session_key: str | None = None,
 ) -> Sent:
     """Forward the chat request (``need``: what it may hold in the KV cache) to its
-    engine; cancels ``client_gone`` when it fails."""
+    engine; cancels ``client_gone`` when it fails. ``session_key``: the session step's
+    identity of the request, when it has one."""
     upstream = svc.upstream
     try:
-        order = upstream.order(routing_key(request, svc, chat), need.tokens())
+        order = upstream.order(routing_key(request, svc, chat, session_key), need.tokens())
     except BaseException:
         client_gone.cancel()
         raise

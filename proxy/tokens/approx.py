@@ -121,12 +121,13 @@ class ApproxCounter:
         # string's hash (every byte once) is still several times cheaper than
         # estimating it, ASCII included.
         texts = self._texts
-        lookup = texts.get
+        lookup, touch = texts.lookups()
         estimate = estimate_text
         framing = MESSAGE_OVERHEAD
         min_chars = _CACHE_MIN_CHARS
         per_message: list[int] = []
         append = per_message.append
+        hits = 0
         for message in messages:
             content = message.get("content")
             # len 2: role and content only. Plain str only: what JSON gives; a
@@ -137,12 +138,17 @@ class ApproxCounter:
                     if tokens is None:
                         tokens = framing + estimate(content)
                         texts.put(content, tokens)
+                        texts.misses += 1
+                    else:
+                        touch(content)
+                        hits += 1
                     append(tokens)
                     continue
                 if "role" in message:  # then nothing else estimate_message would read
                     append(framing + estimate(content))
                     continue
             append(estimate_message(message))
+        texts.hits += hits
         return PromptCount(tuple(per_message), overhead)
 
     async def aclose(self) -> None:

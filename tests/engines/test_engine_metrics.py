@@ -8,6 +8,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from proxy.settings import Settings
+from proxy.upstream import Upstream
 from tests.observability.promtext import Scrape, parse, wait_for_scrape
 from tests.support.processes import ProxyProcess
 from tests.support.sim import SimUpstream, start_sim_thread
@@ -61,3 +63,32 @@ def test_each_engine_has_its_ledger_its_scrape_and_its_counters(sims: list[SimUp
         assert page.has("trimproxy_engine_requests_running", engine=label)
         assert page.has("trimproxy_engine_prefix_cache_hit_ratio", engine=label)
     assert [len(s.chat_requests()) for s in sims] == [2, 2]
+
+
+async def test_only_an_upstream_of_one_url_for_good_has_a_lone_engine() -> None:
+    for url, lone in (
+        ("http://127.0.0.1:9", True),
+        ("http://127.0.0.1:9,http://127.0.0.2:9", False),
+        ("dns+http://engines.invalid:8000", False),  # may resolve to several
+    ):
+        upstream = Upstream(Settings(upstream_url=url))
+        try:
+            assert (upstream.lone is not None) is lone, url
+        finally:
+            await upstream.aclose()
+
+
+def test_one_engine_takes_the_short_path_and_is_still_counted(sims: list[SimUpstream]) -> None:
+    one = sims[0].url
+    settings = {"upstream_url": one, "tokenizer": "approx", "upstream_metrics_interval": 0}
+    label = one.removeprefix("http://")
+    with ProxyProcess(settings) as proxy:
+        for turn in range(3):
+            body = {"model": "sim-model", "messages": [{"role": "user", "content": f"hi {turn}"}]}
+            r = httpx.post(f"{proxy.url}/v1/chat/completions", json=body, timeout=30)
+            assert r.status_code == 200, r.text
+        page = parse(httpx.get(f"{proxy.url}/metrics", timeout=10))
+        logs = proxy.logs()
+    assert page.value("trimproxy_engine_requests_total", engine=label) == 3
+    assert logs.count(f'"engine":"{label}"') == 3
+    assert len(sims[0].chat_requests()) == 3 and not sims[1].chat_requests()

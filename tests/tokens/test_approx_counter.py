@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from proxy.tokens.approx import MESSAGE_OVERHEAD, REPLY_PRIMING, ApproxCounter, estimate_message
 from proxy.tokens.cache import ByteLRU
 from proxy.types import Message
@@ -129,6 +131,20 @@ def test_get_makes_a_hit_the_newest_and_counts_hits_and_misses() -> None:
     cache.put("k3", 3)  # k0 was touched, so k1 is now the oldest and goes
     assert cache.get("k1") is None and cache.get("k0") == 0
     assert (cache.hits, cache.misses) == (2, 2)
+
+
+def test_lookups_are_get_taken_apart() -> None:
+    cache: ByteLRU[str, int] = ByteLRU(max_bytes=3 * ByteLRU.weigh("k0"))
+    for i in range(3):
+        cache.put(f"k{i}", i)
+    lookup, touch = cache.lookups()
+    assert lookup("k0") == 0 and lookup("zz") is None
+    touch("k0")  # now the newest: k1 goes first
+    cache.put("k3", 3)
+    assert lookup("k1") is None and lookup("k0") == 0
+    with pytest.raises(KeyError):
+        touch("zz")
+    assert (cache.hits, cache.misses) == (0, 0)  # lookups count nothing themselves
 
 
 def test_the_framing_is_counted_once_per_message() -> None:
