@@ -75,6 +75,8 @@ class Load:
     user_words: int
     max_tokens: int
     budget: int
+    think_s: float = 0.0
+    """The longest pause before a turn (uniform from 0, a seeded draw of its own)."""
 
 
 @dataclass
@@ -178,9 +180,11 @@ async def conversation(
     window: Tokenizer | None,
     outcome: dict[str, Any],
 ) -> None:
-    rng = random.Random(seed)
+    rng, think = random.Random(seed), random.Random(f"{seed}/think")
     history = [{"role": "system", "content": SYSTEM}]
     for _turn in range(load.turns):
+        if load.think_s:
+            await asyncio.sleep(think.uniform(0, load.think_s))
         history.append({"role": "user", "content": user_text(rng, load.user_words)})
         messages = history if window is None else sliding_window(history, window, load.budget)
         body = {
@@ -318,13 +322,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--user-words", type=int, default=60)
     parser.add_argument("--max-tokens", type=int, default=40)
     parser.add_argument("--budget", type=int, default=1000)
+    parser.add_argument(
+        "--think", type=float, default=0.0, help="a user's longest pause before a turn, s"
+    )
     parser.add_argument("--arms", default=",".join(DEFAULT_ARMS))
     args = parser.parse_args(argv)
     arms = [a for a in args.arms.split(",") if a]
     unknown = set(arms) - set(DEFAULT_ARMS)
     if unknown:
         parser.error(f"unknown arms {sorted(unknown)}; choose from {', '.join(DEFAULT_ARMS)}")
-    load = Load(args.conversations, args.turns, args.user_words, args.max_tokens, args.budget)
+    load = Load(
+        args.conversations, args.turns, args.user_words, args.max_tokens, args.budget, args.think
+    )
     if any(a.startswith("router-") for a in arms):
         router_python()  # before the engines: a failed install costs no engine start
     model_dir = build_vllm_model()
