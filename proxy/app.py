@@ -8,12 +8,9 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
-from fastapi._body_limit import AppBodyLimitMiddleware
-from fastapi.telemetry._asgi import ExceptionTelemetryMiddleware
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 import proxy
 from proxy.dependencies import Services
@@ -34,43 +31,6 @@ log = logging.getLogger("trimproxy")
 
 # Allocations between collections of the youngest generation (CPython's default: 700).
 _YOUNG_THRESHOLD = 10_000
-# FastAPI's pass-through layers with its telemetry off and no max_body_size (ProxyApp).
-_IDLE_LAYERS = (ExceptionTelemetryMiddleware, AppBodyLimitMiddleware)
-
-
-class ProxyApp(FastAPI):
-    """FastAPI, less the layers that do nothing with its OpenTelemetry off.
-
-    ``create_app`` turns the telemetry off, so FastAPI's ``__call__`` (asking whether it
-    is on), its exception-telemetry middleware (which reports to a span no request
-    has) and its body-limit middleware (no ``max_body_size`` set) only pass every
-    request on, and each is one more frame that every resumption of a streaming
-    answer goes through: about 1 % of a paced stream. The error middleware, the
-    middleware an operator adds, the exception middleware and the router stay.
-    """
-
-    _lean_stack = False
-
-    def _lean(self) -> bool:
-        telemetry = getattr(self, "_telemetry", None) or {}
-        on = any(telemetry.get(k) for k in ("tracing", "metrics", "logs"))
-        return not on and self.max_body_size is None
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or self.root_path or not self._lean_stack:
-            await super().__call__(scope, receive, send)
-            return
-        scope["app"] = self
-        if self.middleware_stack is None:
-            self.middleware_stack = self.build_middleware_stack()
-        await self.middleware_stack(scope, receive, send)
-
-    def build_middleware_stack(self) -> ASGIApp:
-        stack = super().build_middleware_stack()
-        self._lean_stack = self._lean()
-        while self._lean_stack and isinstance(getattr(stack, "app", None), _IDLE_LAYERS):
-            stack.app = stack.app.app  # type: ignore[attr-defined]
-        return stack
 
 
 def create_app(
@@ -116,7 +76,7 @@ def create_app(
     def count_upstream_error(kind: str) -> None:
         metrics.upstream_errors.labels(kind).inc()
 
-    app = ProxyApp(
+    app = FastAPI(
         title="trimproxy",
         version=proxy.__version__,
         description=DESCRIPTION,

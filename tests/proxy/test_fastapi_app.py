@@ -89,33 +89,6 @@ async def test_an_operators_route_dependency_and_middleware_work(sim_upstream: S
     assert seen == ["/operator/whoami", "/operator/whoami", "/v1/chat/completions", "/healthz"]
 
 
-async def test_fastapis_idle_layers_go_and_its_error_layer_and_the_operators_stay(
-    sim_upstream: SimUpstream,
-) -> None:
-    from fastapi._body_limit import AppBodyLimitMiddleware
-    from fastapi.telemetry._asgi import ExceptionTelemetryMiddleware
-    from starlette.middleware.errors import ServerErrorMiddleware
-
-    app = operator_app(sim_upstream, [])
-    async with served(app) as url, httpx.AsyncClient() as client:
-        assert (await client.post(f"{url}/v1/chat/completions", json=CHAT)).status_code == 200
-    layers = _layers(app.middleware_stack)
-    assert layers[0] is ServerErrorMiddleware and Tagging in layers
-    assert ExceptionTelemetryMiddleware not in layers and AppBodyLimitMiddleware not in layers
-    # With a body limit set, FastAPI's own stack is left as it is.
-    limited = create_app(make_settings(sim_upstream.url, tokenizer="approx"), Metrics())
-    limited.max_body_size = 1 << 20
-    assert AppBodyLimitMiddleware in _layers(limited.build_middleware_stack())
-
-
-def _layers(stack: Any) -> list[type]:
-    out = []
-    while stack is not None:
-        out.append(type(stack))
-        stack = getattr(stack, "app", None)
-    return out
-
-
 async def test_docs_and_openapi_list_the_proxys_routes(sim_upstream: SimUpstream) -> None:
     app = create_app(make_settings(sim_upstream.url, tokenizer="approx"), Metrics())
     async with served(app) as url, httpx.AsyncClient() as client:
