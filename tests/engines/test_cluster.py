@@ -18,17 +18,15 @@ import pytest
 
 from tests.observability.promtext import parse
 from tests.support.processes import ProxyProcess, free_port
-from tests.support.sim import SimProcess, SimUpstream, start_sim_thread
+from tests.support.sim import SimProcess, SimUpstream, sim_threads
 
 SETTINGS = {"upstream_metrics_interval": 0, "tokenizer": "approx", "health_interval": 0.5}
 
 
 @pytest.fixture
 def sims() -> Iterator[list[SimUpstream]]:
-    engines = [start_sim_thread("vllm") for _ in range(3)]
-    yield engines
-    for sim in engines:
-        sim.stop()
+    with sim_threads(3) as engines:
+        yield engines
 
 
 def chat(base: str, session: str, turn: int) -> httpx.Response:

@@ -12,15 +12,13 @@ from proxy.settings import Settings
 from proxy.upstream import Upstream
 from tests.observability.promtext import Scrape, parse, wait_for_scrape
 from tests.support.processes import ProxyProcess
-from tests.support.sim import SimUpstream, start_sim_thread
+from tests.support.sim import SimUpstream, sim_threads
 
 
 @pytest.fixture
 def sims() -> Iterator[list[SimUpstream]]:
-    engines = [start_sim_thread("vllm") for _ in range(2)]
-    yield engines
-    for sim in engines:
-        sim.stop()
+    with sim_threads(2) as engines:
+        yield engines
 
 
 def released(page: Scrape, engine: str) -> bool:

@@ -16,15 +16,13 @@ from proxy.metrics import Metrics
 from proxy.sessions.identity import identify
 from tests.support.inprocess import make_settings
 from tests.support.served import served
-from tests.support.sim import SimUpstream, start_sim_thread
+from tests.support.sim import SimUpstream, sim_threads
 
 
 @pytest.fixture
 def sims() -> Iterator[list[SimUpstream]]:
-    engines = [start_sim_thread("vllm") for _ in range(2)]
-    yield engines
-    for sim in engines:
-        sim.stop()
+    with sim_threads(2) as engines:
+        yield engines
 
 
 async def test_the_session_step_and_routing_share_one_identity(

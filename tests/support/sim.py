@@ -20,7 +20,8 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -255,3 +256,15 @@ class SimProcess:
         if self.proc is not None:
             self.proc.stop()
             self.proc = None
+
+
+@contextmanager
+def sim_threads(count: int, dialect: str = "vllm") -> Iterator[list[SimUpstream]]:
+    """``count`` in-thread sims (``start_sim_thread``), stopped when the block ends: the
+    engines of a multi-engine test."""
+    engines = [start_sim_thread(dialect) for _ in range(count)]
+    try:
+        yield engines
+    finally:
+        for sim in engines:
+            sim.stop()
