@@ -204,8 +204,15 @@ class Settings(BaseSettings):
     routing_load_factor: float = Field(
         0.25,
         ge=0,
-        description="session routing: an engine holding more than (1 + this) x the mean load "
-        "is passed over for the session's next engine (bounded load).",
+        description="session routing: an engine that would hold more than (1 + this) x the "
+        "mean number of sessions is passed over for the session's next engine (bounded load).",
+    )
+    routing_session_idle: float = Field(
+        300.0,
+        gt=0,
+        description="session routing: seconds a session still counts as held by its engine "
+        "after its last request (about how long an engine's prefix cache keeps an idle "
+        "conversation).",
     )
     health_interval: float = Field(
         5.0,

@@ -28,6 +28,7 @@ from yarl import URL
 import proxy
 from proxy.engines.discovery import Discovery, DnsResolver, parse_dns_url
 from proxy.engines.engine import Engine
+from proxy.engines.holdings import MemoryHoldings
 from proxy.engines.pool import EngineList, StaticEngines
 from proxy.engines.routing import Router
 from proxy.engines.served import ServedModel, merge_served
@@ -185,7 +186,8 @@ class Upstream:
         if name is not None:
             resolver = DnsResolver(settings.dns_nameserver)
             self.discovery = Discovery(name, resolver, settings.upstream_refresh, engines.replace)
-        self.router = Router(settings.routing, settings.routing_load_factor)
+        holdings = MemoryHoldings(settings.routing_session_idle, settings.session_max_entries)
+        self.router = Router(settings.routing, settings.routing_load_factor, holdings)
         self.health_interval = settings.health_interval
         self._said: set[tuple[str, str]] = set()
         self._on_error = on_error
@@ -261,7 +263,7 @@ class Upstream:
 
     # -- engines -------------------------------------------------------------------
 
-    def order(self, key: str | None = None, weight: float = 1.0) -> Sequence[Engine]:
+    def order(self, key: str | None = None) -> Sequence[Engine]:
         """The engines a request tries, first choice first (``TRIMPROXY_ROUTING``).
 
         One configured engine is always tried, up or not: there is nothing to fail
@@ -279,7 +281,7 @@ class Upstream:
                 f"{self.health_interval:g} s at most (TRIMPROXY_HEALTH_INTERVAL). Retry shortly.",
                 headers={"retry-after": str(max(1, min(30, round(self.health_interval))))},
             )
-        return self.router.order(live, key, weight)
+        return self.router.order(live, key)
 
     def engine_failed(self, engine: Engine, reason: str) -> None:
         """Take ``engine`` out of the rotation (it refused or timed out on connect)."""

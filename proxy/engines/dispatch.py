@@ -101,8 +101,9 @@ async def send_chat(
     engine; cancels ``client_gone`` when it fails. ``session_key``: the session step's
     identity of the request, when it has one."""
     upstream = svc.upstream
+    key = routing_key(request, svc, chat, session_key)
     try:
-        order = upstream.order(routing_key(request, svc, chat, session_key), need.tokens())
+        order = upstream.order(key)
     except BaseException:
         client_gone.cancel()
         raise
@@ -133,5 +134,7 @@ async def send_chat(
             client_gone.cancel()
             raise
         facts.engine = engine.label
+        if attempt:
+            upstream.router.retried(key, engine)
         return Sent(response, engine, reservation, started)
     raise AssertionError("unreachable: the last attempt returns or raises")

@@ -85,8 +85,8 @@ class Engine:
             self.label = engine_label(self.url)
 
     def load(self) -> int:
-        """What it holds for this process: reserved KV tokens with admission, else
-        requests in flight (the bounded-load measure of session routing)."""
+        """What it holds for this process now: reserved KV tokens with admission, else
+        requests in flight (what ``least_loaded`` routing compares)."""
         if self.admission is not None:
             return self.admission.ledger.local_reserved()
         return self.in_flight
