@@ -363,7 +363,11 @@ class Upstream:
                 )
             except _TRANSPORT_ERRORS as exc:
                 failure = self.failure(exc, origin=engine.url)
-                if connection_failed(failure):
+                # ``exc``, not ``failure``: the ProxyError gets its __cause__ only when
+                # raised below, and without this the engine stayed in the rotation
+                # until its next probe (docs/architecture.md §20, Dispatch). A
+                # lone engine has nothing to fail over to and no prober to put it back.
+                if self.lone is None and connection_failed(exc):
                     self.engine_failed(engine, failure.kind or "connect")
                 raise failure from exc
             problem = invalid_head(response)

@@ -104,6 +104,18 @@ def access_lines_after(proxy: ProxyProcess, before: int, count: int) -> list[dic
     return lines
 
 
+def served_by(proxy: ProxyProcess, names: list[str], turn: int) -> dict[str, str]:
+    """One turn of each session in ``names``, one after the other: the engine that
+    served each (its access line)."""
+    before = len(access_engines(proxy))
+    for name in names:
+        r = chat(proxy.url, name, turn)
+        assert r.status_code == 200, r.text
+    lines = access_lines_after(proxy, before, len(names))
+    assert len(lines) == len(names)
+    return dict(zip(names, (line["engine"] for line in lines), strict=True))
+
+
 def wait_in_rotation(proxy: ProxyProcess, label: str) -> None:
     """Until the proxy's prober has put the engine back (``trimproxy_engine_up``)."""
     deadline = time.monotonic() + 30
@@ -127,13 +139,7 @@ def test_failover_rejoin_and_all_down(tmp_path: Path) -> None:
             names = [f"c{i}" for i in range(12)]
 
             def round_of(turn: int) -> dict[str, str]:
-                before = len(access_engines(proxy))
-                for name in names:
-                    r = chat(proxy.url, name, turn)
-                    assert r.status_code == 200, r.text
-                lines = access_lines_after(proxy, before, len(names))
-                assert len(lines) == len(names)
-                return dict(zip(names, (line["engine"] for line in lines), strict=True))
+                return served_by(proxy, names, turn)
 
             first = round_of(0)
             assert round_of(1) == first
@@ -142,6 +148,8 @@ def test_failover_rejoin_and_all_down(tmp_path: Path) -> None:
             assert label in first.values()
             victim.kill()
             after = round_of(2)
+            # No wait: the request that was refused took the engine out before its
+            # retry was answered (docs/architecture.md §20, Dispatch).
             down = parse(httpx.get(f"{proxy.url}/metrics", timeout=10))
             assert (
                 down.value("trimproxy_engine_up", engine=label) == 0
@@ -186,3 +194,62 @@ def test_failover_rejoin_and_all_down(tmp_path: Path) -> None:
     finally:
         for engine in engines:
             engine.stop()
+
+
+def test_a_refused_connection_takes_the_engine_out_before_its_retry_is_answered(
+    tmp_path: Path,
+) -> None:
+    """The request that finds an engine's port closed takes the engine out of the
+    rotation itself (docs/architecture.md §20, Dispatch), before its retry on the
+    next engine is answered: not the next health probe, which here comes a minute after
+    the one at start-up. The sessions it led go straight to their next engine after."""
+    engines = [SimProcess(tmp_path, free_port()) for _ in range(2)]
+    try:
+        for engine in engines:
+            engine.start()
+        settings = {
+            **SETTINGS,
+            "upstream_url": ",".join(e.url for e in engines),
+            "health_interval": 60,
+        }
+        with ProxyProcess(settings) as proxy:
+            names = [f"r{i}" for i in range(12)]
+            first = served_by(proxy, names, 0)
+            label = first[names[0]]
+            victim, other = engines if engines[0].url == f"http://{label}" else engines[::-1]
+            led = [name for name in names if first[name] == label]
+            refused = f"engine {label} refused; retrying on"
+            victim.kill()
+            r = chat(proxy.url, led[0], 1)
+            assert r.status_code == 200, r.text
+            # Recorded before the retry went out, so before this answer: no wait.
+            page = parse(httpx.get(f"{proxy.url}/metrics", timeout=10))
+            assert page.value("trimproxy_engine_up", engine=label) == 0, proxy.logs()[-3000:]
+            assert f"engine {label} left the rotation (connect)" in proxy.logs()
+            after = served_by(proxy, led, 2)
+            assert set(after.values()) == {other.url.removeprefix("http://")}, after
+            assert proxy.logs().count(refused) == 1, proxy.logs()[-3000:]
+    finally:
+        for engine in engines:
+            engine.stop()
+
+
+def test_a_lone_engine_that_refused_a_connection_is_up_once_it_answers(tmp_path: Path) -> None:
+    """An upstream of one URL has nothing to fail over to and no prober to put its
+    engine back (docs/architecture.md §20): a refused connection is that request's 502
+    and leaves ``trimproxy_engine_up`` as it was, so it does not read 0 for good."""
+    engine = SimProcess(tmp_path, free_port())
+    try:
+        engine.start()
+        label = engine.url.removeprefix("http://")
+        with ProxyProcess({**SETTINGS, "upstream_url": engine.url}) as proxy:
+            assert chat(proxy.url, "one", 0).status_code == 200
+            engine.kill()
+            assert chat(proxy.url, "one", 1).status_code == 502
+            engine.start()  # on its old address
+            r = chat(proxy.url, "one", 2)
+            assert r.status_code == 200, r.text
+            page = parse(httpx.get(f"{proxy.url}/metrics", timeout=10))
+            assert page.value("trimproxy_engine_up", engine=label) == 1, proxy.logs()[-3000:]
+    finally:
+        engine.stop()
