@@ -156,6 +156,12 @@ class Settings(BaseSettings):
         description="Seconds the upstream's list of served models (and their context "
         "windows) is kept before it is fetched again; a failed fetch is retried with backoff.",
     )
+    models_retry: float = Field(
+        10.0,
+        gt=0,
+        description="Seconds before a failed fetch of the upstream's served models is tried "
+        "again; doubled on each further failure, up to TRIMPROXY_MODELS_REFRESH.",
+    )
     kv_admission: str = Field(
         "off",
         description="KV admission: off, auto (the capacity from vLLM's /metrics), or the "

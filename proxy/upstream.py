@@ -167,9 +167,11 @@ class Upstream:
         models_retry_after: float = 10.0,
         engines: EngineList | None = None,
         on_error: ErrorHook | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``on_error``: counts the failures of forwarded requests
-        (``trimproxy_upstream_errors_total{kind}``); None counts nothing."""
+        (``trimproxy_upstream_errors_total{kind}``); None counts nothing. ``clock``
+        says when the cached list of served models and its backoff run out (tests)."""
         self.base_url = settings.upstream_url
         """The setting as written (one URL, or several comma-separated)."""
         self.discovery: Discovery | None = None
@@ -230,6 +232,7 @@ class Upstream:
         self._models_ttl = models_ttl
         self._models_retry_after = models_retry_after
         self._models_failures = 0
+        self._clock = clock
 
     # -- forwarding -------------------------------------------------------------
 
@@ -488,7 +491,7 @@ class Upstream:
         Empty when the upstream cannot be asked; that is cached for a short while
         only, so a restarting upstream is neither hammered nor forgotten.
         """
-        now = time.monotonic()
+        now = self._clock()
         if self._models is not None and self._models[1] > now:
             return self._models[0]
         if self._models_pending is not None:
@@ -501,7 +504,7 @@ class Upstream:
                 self._models_failures = 0
                 ttl = self._models_ttl
             else:
-                # Backoff: 10 s, 20 s, 40 s, ... up to the refresh interval.
+                # Backoff: models_retry_after (10 s), 20 s, 40 s, ... up to the refresh interval.
                 ttl = min(
                     self._models_ttl, self._models_retry_after * 2 ** min(self._models_failures, 16)
                 )

@@ -18,9 +18,11 @@ import httpx
 import openai
 import pytest
 
+from proxy.upstream import Upstream
 from tests.hardening.raw import request
 from tests.observability.promtext import scrape
 from tests.support.bad_upstream import BadUpstream
+from tests.support.inprocess import make_settings
 from tests.support.processes import ProxyProcess
 
 StartProxy = Callable[..., ProxyProcess]
@@ -256,15 +258,59 @@ def test_window_discovery_obeys_the_read_timeout_and_backs_off(
 ) -> None:
     """No TRIMPROXY_CONTEXT_WINDOW: the proxy asks /v1/models, which hangs. Each call
     waits at most the configured read timeout, and a failed discovery is not retried
-    by the very next requests (backoff), so they do not each wait again."""
+    by the very next requests (backoff), so they do not each wait again. The backoff
+    is an hour here, so that no request of the test can fall after it however slow
+    the machine is; when it runs out is the clock's business
+    (``test_model_discovery_is_tried_again_only_once_the_backoff_has_passed``)."""
     bad_upstream.behave("hang", path="/v1/models")
     bad_upstream.behave("hang", path="/api/v1/token_check")
     proxy = proxy_server(
-        upstream=bad_upstream.url, tokenizer="approx", read_timeout=1, upstream_metrics_interval=0
+        upstream=bad_upstream.url,
+        tokenizer="approx",
+        read_timeout=1,
+        upstream_metrics_interval=0,
+        models_retry=3600,
     )
     for _ in range(4):
         answer = request(proxy.url, "POST", CHAT, HELLO)
         assert answer.status == 200, answer.body
     discovery = [p for p in bad_upstream.paths() if p in ("/v1/models", "/api/v1/token_check")]
-    assert 1 <= len(discovery) <= 2, bad_upstream.paths()
+    assert discovery == ["/v1/models"], bad_upstream.paths()
     assert bad_upstream.paths().count(CHAT) == 4
+
+
+async def test_model_discovery_is_tried_again_only_once_the_backoff_has_passed(
+    bad_upstream: BadUpstream,
+) -> None:
+    """The served-model list of a failing upstream is asked again after the backoff
+    (``models_retry_after``, doubled per failure) and not before, by the upstream
+    client's clock; once the upstream lists models, the list is kept for the TTL."""
+    bad_upstream.behave("status", path="/v1/models", status=600)
+    now = 1000.0
+    upstream = Upstream(
+        make_settings(bad_upstream.url, upstream_metrics_interval=0),
+        models_ttl=300,
+        models_retry_after=10,
+        clock=lambda: now,
+    )
+
+    async def asked_after(seconds: float) -> int:
+        nonlocal now
+        now += seconds
+        await upstream.models()
+        return bad_upstream.paths().count("/v1/models")
+
+    try:
+        assert await asked_after(0) == 1
+        assert await asked_after(9.9) == 1  # within the first 10 s
+        assert await asked_after(0.2) == 2
+        assert await asked_after(19.9) == 2  # the second failure doubled it
+        assert await asked_after(0.2) == 3
+        bad_upstream.behave("ok", path="/v1/models")
+        assert await asked_after(39.9) == 3
+        assert await asked_after(0.2) == 4
+        assert [m.id for m in await upstream.models()] == ["bad-model"]
+        assert await asked_after(299.9) == 4  # a listing is kept for the TTL
+        assert await asked_after(0.2) == 5
+    finally:
+        await upstream.aclose()
