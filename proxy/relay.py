@@ -137,7 +137,15 @@ class Relay(Response):
         completed = False
         try:
             with CancelOnDisconnect(self._client_gone):
-                await self._pump(send)
+                if self._whole():
+                    await self._send_whole(send)
+                else:
+                    # In a task of its own: each chunk's wait for the upstream then
+                    # resumes the pump's few frames, not the dozen of the app and its
+                    # middleware awaiting it; 3.5 % of a paced stream under callgrind
+                    # (4,096,818 -> 3,952,618 Ir). Awaiting the task hands it a
+                    # cancellation of this one (a disconnect's, a shutdown's).
+                    await asyncio.get_running_loop().create_task(self._pump(send))
                 completed = True
         finally:
             self._client_gone.cancel()
@@ -149,16 +157,17 @@ class Relay(Response):
                 captured = b"".join(self._captured) if completed and self._captured else None
                 self._on_end(completed, captured)
 
+    def _whole(self) -> bool:
+        """Whether the answer is sent in one piece (``_send_whole``)."""
+        length = self._upstream.content_length
+        return self._captured is not None and length is not None and length <= self._capture_limit
+
     async def _pump(self, send: Send) -> None:
         """The head, then the body chunk by chunk as aiohttp hands them over, all
         through ``send`` (or the ``body_send`` it names): every middleware sees every
         byte. Sending the body past the middleware instead saved ~9 % of a paced
         64-chunk stream under callgrind (none at 16 events), but a gzip, tracing or
         metering middleware then missed it."""
-        length = self._upstream.content_length
-        if self._captured is not None and length is not None and length <= self._capture_limit:
-            await self._send_whole(send)
-            return
         await send(
             {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
         )
