@@ -4,6 +4,8 @@ streamed answer, chat or passthrough, over real HTTP."""
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,6 +15,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from proxy.app import create_app
 from proxy.metrics import Metrics
+from proxy.routes import CHAT_PATH
 from tests.support.inprocess import make_settings
 from tests.support.served import served
 from tests.support.sim import SimUpstream
@@ -82,3 +85,69 @@ async def test_a_middleware_sees_every_byte_of_a_streamed_answer(
     assert counted.paths == [path]
     assert counted.bytes == len(received)
     assert counted.chunks > 1 and counted.ended
+
+
+REQUEST_VAR: contextvars.ContextVar[str] = contextvars.ContextVar("request_var", default="unset")
+
+
+@dataclass
+class Stopped:
+    chunks: int = 0
+    seen: set[str] = field(default_factory=set)
+    cancelled: bool = False
+
+
+class StopAfter:
+    """Sets a context variable around the app, and cancels the request's task once
+    ``after`` body chunks have gone out (a timeout or tracing middleware's doing)."""
+
+    def __init__(self, app: ASGIApp, after: int, stopped: Stopped) -> None:
+        self.app = app
+        self.after = after
+        self.stopped = stopped
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        task = asyncio.current_task()
+        assert task is not None
+        stopped = self.stopped
+
+        async def counting(message: Message) -> None:
+            if message["type"] == "http.response.body" and message.get("body"):
+                stopped.chunks += 1
+                stopped.seen.add(REQUEST_VAR.get())
+                if stopped.chunks == self.after:
+                    task.cancel()
+            await send(message)
+
+        REQUEST_VAR.set(scope["path"])
+        try:
+            await self.app(scope, receive, counting)
+        except asyncio.CancelledError:
+            stopped.cancelled = True
+            task.uncancel()
+            raise RuntimeError("stopped by the middleware") from None
+
+
+async def test_a_stream_stops_with_its_request_and_keeps_the_context(
+    sim_upstream: SimUpstream,
+) -> None:
+    # The relay pumps a stream in a task of its own: a cancellation of the request's
+    # task must reach it (no chunk after it), and the chunks go out in the request's
+    # context (a tracing middleware's span, a request id).
+    sim_upstream.configure(completion_tokens=64, tokens_per_second=100.0)
+    stopped = Stopped()
+    app = create_app(make_settings(sim_upstream.url, tokenizer="approx"), Metrics())
+    app.add_middleware(StopAfter, after=3, stopped=stopped)
+    body = {"model": "sim-model", "stream": True, "max_tokens": 64, **STREAMS[CHAT_PATH]}
+    async with served(app) as url, httpx.AsyncClient() as client:
+        with pytest.raises(httpx.HTTPError):
+            async with client.stream("POST", url + CHAT_PATH, json=body) as response:
+                async for _ in response.aiter_raw():
+                    pass
+        await asyncio.sleep(0.3)  # 30 tokens' time: a pump left running would send more
+    assert stopped.cancelled
+    assert stopped.chunks == 3
+    assert stopped.seen == {CHAT_PATH}
