@@ -139,6 +139,10 @@ class Relay(Response):
             with CancelOnDisconnect(self._client_gone):
                 if self._whole():
                     await self._send_whole(send)
+                elif self._upstream.content.is_eof():
+                    # All of it in already (a burst): no wait for a task to spare, and
+                    # making one would cost 1.3 % of such a stream.
+                    await self._pump(send)
                 else:
                     # In a task of its own: each chunk's wait for the upstream then
                     # resumes the pump's few frames, not the dozen of the app and its
