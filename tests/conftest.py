@@ -36,6 +36,7 @@ from hypothesis import settings
 
 from tests.support.inprocess import InProcessProxy, running_proxy
 from tests.support.processes import PROXY_START_TIMEOUT, ProxyProcess, StackError
+from tests.support.properties import DEFAULT_EXAMPLES, FAST_EXAMPLES
 from tests.support.redis_server import REDIS_BIN, RedisServer
 from tests.support.sim import SimUpstream, start_sim_process, start_sim_thread
 
@@ -43,10 +44,14 @@ StartProxy = Callable[..., ProxyProcess]
 StartSim = Callable[..., SimUpstream]
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
     # No property test fails for being slow: hypothesis's per-example deadline (200 ms)
     # is a wall-clock assert, and on a loaded machine it fails examples that are right.
-    settings.register_profile("trimproxy", deadline=None)
+    # First of the configure hooks, so that hypothesis's own then loads the profile
+    # --hypothesis-profile names: "fast" for the fast loop (tests.support.properties).
+    settings.register_profile("trimproxy", deadline=None, max_examples=DEFAULT_EXAMPLES)
+    settings.register_profile("fast", deadline=None, max_examples=FAST_EXAMPLES)
     settings.load_profile("trimproxy")
 
 

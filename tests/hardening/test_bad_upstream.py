@@ -27,6 +27,10 @@ from tests.support.processes import ProxyProcess
 
 StartProxy = Callable[..., ProxyProcess]
 CHAT = "/v1/chat/completions"
+# One misbehaving upstream and one proxy serve the module, and most tests wait out a
+# read timeout: keep them on one xdist worker (--dist loadgroup) while the others compute.
+pytestmark = pytest.mark.xdist_group("bad_upstream")
+
 HELLO: dict[str, Any] = {
     "model": "bad-model",
     "messages": [{"role": "user", "content": "hi"}],

@@ -20,6 +20,7 @@ from proxy.tokens.approx import ApproxCounter
 from proxy.tokens.hf import HFCounter
 from proxy.trimming import split_turns
 from proxy.types import Message
+from tests.support.properties import examples
 from tests.support.tiny_model import build_tokenizer
 
 _pieces = st.sampled_from(
@@ -46,7 +47,7 @@ def as_messages(pairs: list[tuple[str, str]]) -> list[Message]:
     return [{"role": role, "content": text} for role, text in pairs]
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(conversations)
 def test_floor_never_exceeds_the_hf_count(
     hf_counter: HFCounter, pairs: list[tuple[str, str]]
@@ -58,7 +59,7 @@ def test_floor_never_exceeds_the_hf_count(
     assert prompt_floor(messages, longest) <= counted
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(conversations)
 def test_floor_never_exceeds_the_approx_count(pairs: list[tuple[str, str]]) -> None:
     counter = ApproxCounter()
@@ -86,7 +87,7 @@ def test_floor_counts_only_what_trimming_must_keep() -> None:
     assert prompt_floor(messages, 10) == (80 + 160) // 20
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     st.lists(
         st.tuples(st.sampled_from(["system", "developer", "user", "assistant", "tool"]), texts),

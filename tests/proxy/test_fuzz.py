@@ -23,13 +23,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.support.processes import ProxyProcess
+from tests.support.properties import examples
 from tests.support.sim import SimUpstream
 
 StartProxy = Callable[..., ProxyProcess]
 CHAT = "/v1/chat/completions"
 FORWARDED_EXACT = ("/tokenize", "/detokenize")
 FUZZ = settings(
-    max_examples=120,
+    max_examples=examples(120),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

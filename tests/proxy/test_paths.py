@@ -10,6 +10,7 @@ from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from proxy.paths import BadPath, is_forwarded, normalise, route
+from tests.support.properties import examples
 
 CHAT = "/v1/chat/completions"
 
@@ -107,7 +108,7 @@ def _normalised_or_none(raw: str) -> str | None:
         return None
 
 
-@settings(max_examples=400)
+@settings(max_examples=examples(400))
 @given(raw_paths)
 @example("/v1/%2e%2e/%2e%2e/x")
 def test_normal_form_has_no_dot_or_empty_segments(raw: str) -> None:
@@ -118,7 +119,7 @@ def test_normal_form_has_no_dot_or_empty_segments(raw: str) -> None:
     assert "%2e" not in path.lower()
 
 
-@settings(max_examples=400)
+@settings(max_examples=examples(400))
 @given(st.one_of(raw_paths, any_text))
 def test_normalising_is_idempotent(raw: str) -> None:
     once = _normalised_or_none(raw)
@@ -127,7 +128,7 @@ def test_normalising_is_idempotent(raw: str) -> None:
         assert not route(once).changed or not is_forwarded(once)
 
 
-@settings(max_examples=400)
+@settings(max_examples=examples(400))
 @given(st.one_of(raw_paths, any_text))
 def test_nothing_routed_leaves_the_forwarded_space_unless_sent_plainly(raw: str) -> None:
     try:
@@ -140,7 +141,7 @@ def test_nothing_routed_leaves_the_forwarded_space_unless_sent_plainly(raw: str)
         assert routed.path.startswith("/v1/")
 
 
-@settings(max_examples=400)
+@settings(max_examples=examples(400))
 @given(raw_paths)
 def test_the_http_client_sends_the_routed_path_byte_for_byte(raw: str) -> None:
     """What the upstream receives is exactly what was routed: yarl (aiohttp's URL
@@ -150,7 +151,7 @@ def test_the_http_client_sends_the_routed_path_byte_for_byte(raw: str) -> None:
     assert yarl.URL("http://upstream" + path, encoded=True).raw_path == path
 
 
-@settings(max_examples=400)
+@settings(max_examples=examples(400))
 @given(raw_paths)
 def test_agrees_with_rfc3986_resolution(raw: str) -> None:
     """Python's urljoin implements RFC 3986 5.2.4; after decoding the unreserved
@@ -167,7 +168,7 @@ def test_agrees_with_rfc3986_resolution(raw: str) -> None:
     assert normalise(raw) == merged.replace("%3a", "%3A")
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(st.lists(st.sampled_from(["./", "x/../", "%2e/", "/", "%2E/", "a/b/../../"]), max_size=5))
 def test_chat_spelled_any_way_is_chat(noise: list[str]) -> None:
     raw = "/v1/" + "".join(noise) + "chat/" + "".join(reversed(noise)) + "completions"

@@ -22,6 +22,10 @@ from tests.soak.support import soak as run_soak
 from tests.support.processes import ProxyProcess
 from tests.support.sim import SimUpstream, start_sim_process
 
+# One soak run serves the module: keep its tests on one xdist worker (--dist loadgroup),
+# or each worker runs the soak again.
+pytestmark = pytest.mark.xdist_group("soak_engines")
+
 TURNS = 5
 CONVERSATIONS = 2
 SIM: dict[str, Any] = {"tokens_per_second": 150.0, "completion_tokens": 24,

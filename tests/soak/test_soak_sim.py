@@ -21,6 +21,10 @@ from tests.soak.support import soak as run_soak
 from tests.support.processes import ProxyProcess
 from tests.support.sim import SimUpstream, start_sim_process
 
+# One soak run serves the module: keep its tests on one xdist worker (--dist loadgroup),
+# or each worker runs the soak again.
+pytestmark = pytest.mark.xdist_group("soak_sim")
+
 MAX_TURNS = 3
 TURNS = 7
 CONVERSATIONS = 3

@@ -13,11 +13,14 @@ from hypothesis import HealthCheck, given, settings
 
 from proxy.tokens.hf import HFCounter
 from proxy.tokens.hf.normalize import to_conversation
+from tests.support.properties import examples
 from tests.tokens.conversations import TOOLS, conversations, growing_chat
 
 TINY_TEMPLATES = ["tools_default_system", "think_strip", "sliced_system", "content_parts"]
 FAST = settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(60),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 
 

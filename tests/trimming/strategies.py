@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from proxy.trimming import TrimPolicy, split_turns
 from proxy.types import Message, PromptCount
+from tests.support.properties import examples
 
 TEXTS = st.sampled_from(
     [
@@ -105,4 +106,6 @@ def must_keep(messages: list[Message]) -> set[int]:
     return set(range(head)) | tail
 
 
-PROPS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPS = settings(
+    max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from proxy.errors import ContextLengthExceeded
 from proxy.trimming import TrimPolicy, Turns, _turn_sums, fits_whole, split_turns, trim
 from proxy.types import Message, PromptCount
+from tests.support.properties import examples
 from tests.trimming.strategies import PROPS, cases, must_keep
 
 
@@ -159,7 +160,7 @@ def growing(draw: st.DrawFn) -> tuple[list[list[Message]], list[int], TrimPolicy
     return requests, sizes, policy
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(growing())
 def test_prefix_stable_between_cuts(
     case: tuple[list[list[Message]], list[int], TrimPolicy],
