@@ -98,7 +98,10 @@ class Settings(BaseSettings):
         description="Request header that names the session.",
     )
     session_max_entries: int = Field(
-        100_000, ge=1, description="Sessions the in-memory store holds before evicting LRU."
+        100_000,
+        ge=1,
+        description="Sessions the in-memory store holds before evicting LRU; also the most "
+        "sessions whose engine session routing remembers (docs/architecture.md §20).",
     )
     redis_url: str | None = Field(
         None, description="Redis URL for a session store shared by replicas; in-memory when unset."

@@ -22,9 +22,7 @@ from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import urlsplit
 
-import dns.asyncresolver
 import dns.exception
-import dns.resolver
 
 from proxy.background import Background
 
@@ -100,6 +98,10 @@ class DnsResolver:
     (``HOST`` or ``HOST:PORT``)."""
 
     def __init__(self, nameserver: str | None = None, timeout: float = 2.0) -> None:
+        # Imported here, by the one proxy in many that names a dns+ upstream: the
+        # resolver's modules are ~50 ms of every other process's start (the CLIs too).
+        import dns.asyncresolver
+
         self._resolver = dns.asyncresolver.Resolver(configure=nameserver is None)
         if nameserver is not None:
             host, port = split_nameserver(nameserver)
@@ -108,6 +110,8 @@ class DnsResolver:
         self._resolver.lifetime = timeout
 
     async def addresses(self, host: str) -> list[str]:
+        import dns.resolver  # imported with dns.asyncresolver in __init__
+
         found: list[str] = []
         for kind in ("A", "AAAA"):
             try:

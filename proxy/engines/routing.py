@@ -7,13 +7,14 @@ shared state, and when an engine leaves, only the sessions it led move (to their
 second engine); everyone else's first engine is unchanged. So a conversation's turns
 meet the prefix cache its earlier turns filled.
 
-Bounded load keeps the hash from piling sessions onto one engine (the hash alone may
-put five of nine on one): the load is the sessions each engine holds
-(``proxy.engines.holdings``), and an engine that would hold more than ``(1 + eps) x``
-the mean with this session is passed over for the session's next engine in its order
-(consistent hashing with bounded loads, Mirrokni et al. 2018); when none is under the
-bound, the one holding fewest takes it. A session keeps the engine that holds it while
-that engine stays within the bound: moving it would cost its cached prefix.
+Bounded load keeps the hash from piling sessions onto one engine (nine sessions over
+three engines: the hash alone may put most of them on one): the load is the sessions
+each engine holds (``proxy.engines.holdings``), and an engine that would hold more
+than ``(1 + eps) x`` the mean with this session is passed over for the session's next
+engine in its order (consistent hashing with bounded loads, Mirrokni et al. 2018); when
+none is under the bound, the one holding fewest takes it. A session keeps the engine
+that holds it while that engine stays within the bound: moving it would cost its cached
+prefix.
 
 ``least_loaded`` and ``round_robin`` ignore the session (engines without a prefix cache,
 and comparisons).
