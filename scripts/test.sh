@@ -8,7 +8,7 @@
 #   bash scripts/test.sh [PYTEST ARGS]         the whole suite (what .ci/run runs)
 #   bash scripts/test.sh --fast [PYTEST ARGS]  the developer's loop: lint, types and
 #       every test but the real engines and containers (-m "not vllm and not
-#       fastchat and not container") on two pytest-xdist workers; no vLLM venv
+#       fastchat and not container") on four pytest-xdist workers; no vLLM venv
 #       build, and the project's venv is installed only when missing. Arguments
 #       after --fast go to pytest (a later -m or -n wins).
 set -euo pipefail
@@ -67,7 +67,7 @@ if [ "$fast" = 0 ]; then
   exec .venv/bin/pytest "$@"
 fi
 rc=0
-.venv/bin/pytest -m "not vllm and not fastchat and not container" -n 3 --dist loadgroup --hypothesis-profile fast "$@" || rc=$?
+.venv/bin/pytest -m "not vllm and not fastchat and not container" -n 4 --dist loadgroup --hypothesis-profile fast "$@" || rc=$?
 if [ "$rc" = 5 ]; then
   echo "== pytest selected no tests (exit 5): check the -k / -m / paths given after --fast" >&2
 fi
