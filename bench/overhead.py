@@ -31,7 +31,7 @@ time; the sim stays up throughout. Results also go to ``bench/results/overhead.j
     .venv/bin/python bench/overhead.py --quick    # smoke run: 1 s a cell
     .venv/bin/python bench/overhead.py --targets direct,trimproxy,floor -c 16
     .venv/bin/python bench/overhead.py --modes plain -c 16,64 --seconds 3 \
-        --targets trimproxy,trimproxy-hf,floor,floor-aiohttp      # the issue-17 cells
+        --targets trimproxy,trimproxy-hf,floor,floor-aiohttp      # against both floors
 
 Needs ``wrk`` on PATH (``apt-get install wrk``) and Linux ``/proc``; installs nothing.
 """

@@ -47,8 +47,7 @@ class BadPath(ValueError):
         self.reason = reason
 
 
-# Not frozen, like proxy.types.PromptCount (a frozen init costs ~0.1 us a field and
-# this is built on every request). Treat it as read-only.
+# Not frozen: read-only by convention (why: proxy.types, above PromptCount).
 @dataclass(slots=True)
 class RoutedPath:
     path: str

@@ -27,7 +27,7 @@ DEFAULT_SETTING = "TRIMPROXY_DEFAULT_COMPLETION_RESERVE"
 Source = Literal["request", "cap", "default"]
 
 
-# Not frozen, like proxy.types.PromptCount: built on every request. Treat it as read-only.
+# Not frozen: read-only by convention (why: proxy.types, above PromptCount).
 @dataclass(slots=True)
 class Allowance:
     tokens: int
