@@ -12,6 +12,8 @@ non-streaming and streaming, against:
 * ``trimproxy-base`` ``trimproxy`` from another checkout (``--baseline DIR``): before/after
 * ``trimproxy-hf-base`` ``trimproxy-hf`` from that checkout
 * ``trimproxy-trim-base`` ``trimproxy-trim`` from that checkout
+* ``trimproxy-starlette`` ``trimproxy`` as a plain Starlette app (``starlette_app.py``):
+  what FastAPI's own layers cost; ``trimproxy-trim-starlette`` the same, trimming
 * ``floor``        a bare FastAPI + aiohttp-client passthrough (``floor_fastapi_aiohttp.py``)
 * ``floor-aiohttp`` a bare aiohttp-server + aiohttp-client passthrough (``floor_aiohttp.py``):
   the cheapest Python proxy, so ``/aio`` says how far from the Python limit a target is
@@ -80,6 +82,8 @@ ALL_TARGETS = (
     "trimproxy-base",
     "trimproxy-hf-base",
     "trimproxy-trim-base",
+    "trimproxy-starlette",
+    "trimproxy-trim-starlette",
     "floor",
     "floor-aiohttp",
     "naive",
@@ -205,7 +209,8 @@ def hf_tokenizer(workdir: Path) -> Path:
 
 
 def target_flags(name: str) -> list[str]:
-    """What a ``trimproxy-*`` target's name asks for: ``hf``, ``trim``, ``base``."""
+    """What a ``trimproxy-*`` target's name asks for: ``hf``, ``trim``, ``base``,
+    ``starlette``."""
     return name.split("-")[1:]
 
 
@@ -221,8 +226,10 @@ def start_target(name: str, sim: Server, workdir: Path, baseline: Path | None = 
         }
         if "trim" in flags:
             settings["TRIMPROXY_MAX_PROMPT_TOKENS"] = str(TRIM_BUDGET)
-        args = [sys.executable, "-m", "proxy.cli", "serve", "--host", "127.0.0.1",
-                "--port", str(port)]  # fmt: skip
+        serve = [sys.executable, "-m", "proxy.cli"]
+        if "starlette" in flags:
+            serve = [sys.executable, str(BENCH / "starlette_app.py")]
+        args = [*serve, "serve", "--host", "127.0.0.1", "--port", str(port)]
         env = _env(settings)
         if "base" in flags:
             if baseline is None:

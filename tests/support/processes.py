@@ -287,6 +287,8 @@ class ProxyProcess(Stack):
     ``env`` adds raw variables; ``workers`` becomes ``--workers``. It runs in an empty
     directory (no stray ``.env`` is read) and logs to a file that ``logs()`` reads. It
     is up once ``ready_path`` answers 200; a subclass adds to ``serve_args``.
+    ``command``: what the interpreter runs, ``serve`` and its flags after it (a bench
+    script that serves the proxy its own way: ``bench/starlette_app.py``).
     """
 
     settings: Mapping[str, Any] = field(default_factory=dict)
@@ -296,6 +298,7 @@ class ProxyProcess(Stack):
     workdir: Path | None = None
     port: int = 0
     ready_path: str = "/healthz"
+    command: tuple[str, ...] = ("-m", "proxy.cli")
     child: LoggedProcess | None = field(default=None, init=False)
     #: The log as it was when the process stopped (a temporary folder is removed then).
     final_log: str = field(default="", init=False)
@@ -331,7 +334,7 @@ class ProxyProcess(Stack):
         why = ""
         for _attempt in range(1 if fixed else 3):
             self.port = self.port if fixed else free_port()
-            args = [sys.executable, "-m", "proxy.cli", "serve", "--host", "127.0.0.1",
+            args = [sys.executable, *self.command, "serve", "--host", "127.0.0.1",
                     "--port", str(self.port), *self.serve_args()]  # fmt: skip
             child = LoggedProcess(args, self.child_env(), self.workdir, f"proxy-{self.port}")
             try:
