@@ -85,9 +85,9 @@ def build(part: str, workdir: Path) -> Callable[[], object]:
     if part == "floor":
         return lambda: floor_over(messages, ApproxCounter.max_token_chars, budget)
     if part == "trim":
-        return lambda: trim(messages, count, TrimPolicy(budget, 0.6, None, False))
+        return lambda: trim(messages, count, TrimPolicy(budget=budget, target=0.6))
     if part == "body":
-        kept = [messages[i] for i in trim(messages, count, TrimPolicy(budget)).kept]
+        kept = [messages[i] for i in trim(messages, count, TrimPolicy(budget=budget)).kept]
         return lambda: with_messages(chat, kept)
     return _build_hf(part, workdir, messages)
 

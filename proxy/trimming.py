@@ -31,8 +31,9 @@ from proxy.types import Message, PromptCount, PromptLimit
 HEAD_ROLES = frozenset(("system", "developer"))
 
 
-# Not frozen: read-only by convention (why: proxy.types, above PromptCount).
-@dataclass(slots=True)
+# Not frozen: read-only by convention (why: proxy.types, above PromptCount). Keyword
+# arguments only: four of its five fields are a number or a flag, easy to swap unseen.
+@dataclass(slots=True, kw_only=True)
 class TrimPolicy:
     budget: int | None
     """The most prompt tokens to keep; None for no budget (only a turn limit cuts)."""

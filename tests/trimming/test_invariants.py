@@ -95,7 +95,12 @@ def test_nothing_dropped_when_it_fits(case: tuple[list[Message], PromptCount, Tr
 def _step_by_step(policy: TrimPolicy, messages: list[Message], budget: int | None) -> TrimPolicy:
     """``policy`` with a turn limit that can never bind (more turns than messages): the
     same trim, through the replay loop that visits every step."""
-    return TrimPolicy(budget, policy.target, len(messages) + 1, policy.pin_first_user)
+    return TrimPolicy(
+        budget=budget,
+        target=policy.target,
+        max_history_turns=len(messages) + 1,
+        pin_first_user=policy.pin_first_user,
+    )
 
 
 @PROPS
@@ -137,7 +142,9 @@ def test_the_bisected_budget_replay_agrees_with_the_step_by_step_one(
     # and for each cut; a turn limit that can never bind (more turns than messages)
     # sends the same conversation through the loop that visits every step.
     messages, count, policy = case
-    bisected = TrimPolicy(policy.budget, policy.target, None, policy.pin_first_user)
+    bisected = TrimPolicy(
+        budget=policy.budget, target=policy.target, pin_first_user=policy.pin_first_user
+    )
     step_by_step = _step_by_step(policy, messages, policy.budget)
     assert _outcome(messages, count, bisected) == _outcome(messages, count, step_by_step)
 

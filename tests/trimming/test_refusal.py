@@ -90,6 +90,6 @@ def test_the_figure_is_the_least_budget_that_fits(
     # ...and exactly the least budget under which the same policy does not refuse.
     assert refusal(messages, count, replace(policy, budget=needed)) is None
     assert refusal(messages, count, replace(policy, budget=needed - 1)) == needed
-    fits = trim(messages, count, TrimPolicy(needed, pin_first_user=policy.pin_first_user))
+    fits = trim(messages, count, TrimPolicy(budget=needed, pin_first_user=policy.pin_first_user))
     assert fits.tokens == needed
     assert set(fits.kept) == must_keep(messages) == set(least_kept(messages))
