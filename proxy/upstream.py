@@ -289,16 +289,25 @@ class Upstream:
     def engine_failed(self, engine: Engine, reason: str) -> None:
         """Take ``engine`` out of the rotation (it refused or timed out on connect)."""
         if engine.health.failed(time.monotonic(), reason, self.health_interval):
-            log.warning(
-                "engine %s left the rotation (%s); probing it until it answers",
-                engine.label,
-                reason,
-            )
+            if engine is self.lone:
+                log.warning(
+                    "engine %s is down (%s); the next request or readiness check that "
+                    "reaches it brings it back",
+                    engine.label,
+                    reason,
+                )
+            else:
+                log.warning(
+                    "engine %s left the rotation (%s); probing it until it answers",
+                    engine.label,
+                    reason,
+                )
         engine.state_known()
 
     def engine_answered(self, engine: Engine, asked_in: int | None = None) -> None:
-        """Back in (or still in) the rotation: its health probe, sent in failure epoch
-        ``asked_in``, answered (``Health.answered``)."""
+        """Back in (or still in) the rotation: a request to it, sent in failure epoch
+        ``asked_in``, was answered (``Health.answered``): its health probe, or, for an
+        engine that nothing probes (``lone``), any call that reached it."""
         if engine.health.answered(time.monotonic(), self.health_interval, asked_in):
             log.info("engine %s answers again and rejoins the rotation", engine.label)
         engine.state_known()
@@ -351,6 +360,7 @@ class Upstream:
             if path in KNOWN_ROUTES:  # built once for the routes that carry the traffic
                 engine.urls[path] = url
         engine.sent()
+        asked_in = engine.health.epoch
         # A body the client sent without a type goes up without one, not as the
         # application/octet-stream aiohttp would name it.
         skip = _SKIP_TYPE if body is not None and "content-type" not in headers else None
@@ -368,17 +378,19 @@ class Upstream:
                 failure = self.failure(exc, origin=engine.url)
                 # ``exc``, not ``failure``: the ProxyError gets its __cause__ only when
                 # raised below, and without this the engine stayed in the rotation
-                # until its next probe (docs/architecture.md §20, Dispatch). A
-                # lone engine has nothing to fail over to and no prober to put it back.
-                if self.lone is None and connection_failed(exc):
+                # until its next probe (docs/architecture.md §20, Dispatch).
+                if connection_failed(exc):
                     self.engine_failed(engine, failure.kind or "connect")
                 raise failure from exc
             problem = invalid_head(response)
             if problem is not None:
                 response.close()
                 raise self._counted(protocol_error(engine.url, problem))
-            if response.status >= 500 and self._on_error is not None:
-                self._on_error("http_5xx")  # relayed as it is, but the upstream failed
+            if response.status >= 500:
+                if self._on_error is not None:
+                    self._on_error("http_5xx")  # relayed as it is, but the upstream failed
+            elif not engine.health.up:
+                self.engine_answered(engine, asked_in)
             return response
         assert watch.fired  # only a disconnect ends the block without a return
         raise ClientClosedRequest("The client closed the connection before the answer.")
@@ -453,6 +465,7 @@ class Upstream:
         if payload is not None:
             data = orjson.dumps(payload)
             sent.update(_JSON_HEADERS)
+        asked_in = engine.health.epoch
         try:
             async with self._session.request(
                 method,
@@ -470,6 +483,8 @@ class Upstream:
                     body += chunk
                     if len(body) > max_bytes:
                         raise UpstreamCallFailed(path, resp.status, "too_large")
+                if not engine.health.up:
+                    self.engine_answered(engine, asked_in)
                 return bytes(body)
         except _TRANSPORT_ERRORS as exc:
             if connection_failed(exc):

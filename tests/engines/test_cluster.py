@@ -237,7 +237,8 @@ def test_a_refused_connection_takes_the_engine_out_before_its_retry_is_answered(
 def test_a_lone_engine_that_refused_a_connection_is_up_once_it_answers(tmp_path: Path) -> None:
     """An upstream of one URL has nothing to fail over to and no prober to put its
     engine back (docs/architecture.md §20): a refused connection is that request's 502
-    and leaves ``trimproxy_engine_up`` as it was, so it does not read 0 for good."""
+    and reads 0 on ``trimproxy_engine_up``, and the next request that the engine
+    answers puts it back at 1, so it does not read 0 for good."""
     engine = SimProcess(tmp_path, free_port())
     try:
         engine.start()
@@ -246,10 +247,36 @@ def test_a_lone_engine_that_refused_a_connection_is_up_once_it_answers(tmp_path:
             assert chat(proxy.url, "one", 0).status_code == 200
             engine.kill()
             assert chat(proxy.url, "one", 1).status_code == 502
+            page = parse(httpx.get(f"{proxy.url}/metrics", timeout=10))
+            assert page.value("trimproxy_engine_up", engine=label) == 0
+            assert f"engine {label} is down (connect)" in proxy.logs()
             engine.start()  # on its old address
             r = chat(proxy.url, "one", 2)
             assert r.status_code == 200, r.text
             page = parse(httpx.get(f"{proxy.url}/metrics", timeout=10))
             assert page.value("trimproxy_engine_up", engine=label) == 1, proxy.logs()[-3000:]
+    finally:
+        engine.stop()
+
+
+def test_a_lone_engine_the_proxys_own_call_found_down_is_up_once_it_answers(
+    tmp_path: Path,
+) -> None:
+    """The model list (the context window) is the proxy's own call: refused, it marks
+    the one engine down; the next call that reaches it, a readiness check here, with
+    no chat request since, marks it up again (docs/architecture.md §20)."""
+    engine = SimProcess(tmp_path, free_port())
+    label = engine.url.removeprefix("http://")
+    try:
+        with ProxyProcess({**SETTINGS, "upstream_url": engine.url}) as proxy:
+            assert chat(proxy.url, "one", 0).status_code == 502
+            page = parse(httpx.get(f"{proxy.url}/metrics", timeout=10))
+            assert page.value("trimproxy_engine_up", engine=label) == 0
+            engine.start()
+            ready = httpx.get(f"{proxy.url}/readyz", timeout=10)
+            assert ready.status_code == 200, ready.text
+            page = parse(httpx.get(f"{proxy.url}/metrics", timeout=10))
+            assert page.value("trimproxy_engine_up", engine=label) == 1, proxy.logs()[-3000:]
+            assert chat(proxy.url, "one", 1).status_code == 200
     finally:
         engine.stop()
