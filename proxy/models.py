@@ -170,9 +170,7 @@ async def build_routes(
         ukey = _upstream_key(s)
         upstream = upstreams.get(ukey)
         if upstream is None:
-            upstream = upstreams[ukey] = Upstream(
-                s, models_ttl=s.models_refresh, models_retry_after=s.models_retry, on_error=on_error
-            )
+            upstream = upstreams[ukey] = Upstream(s, on_error=on_error)
             windows[ukey] = ContextWindows(upstream)
         # hf: and tiktoken: count the same whichever upstream serves the model.
         asks_upstream = s.tokenizer in ("auto", "upstream")

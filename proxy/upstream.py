@@ -163,8 +163,6 @@ class Upstream:
         self,
         settings: Settings,
         *,
-        models_ttl: float = 300.0,
-        models_retry_after: float = 10.0,
         engines: EngineList | None = None,
         on_error: ErrorHook | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -229,8 +227,8 @@ class Upstream:
         )
         self._models: tuple[tuple[ServedModel, ...], float] | None = None
         self._models_pending: asyncio.Future[tuple[ServedModel, ...]] | None = None
-        self._models_ttl = models_ttl
-        self._models_retry_after = models_retry_after
+        self._models_ttl = settings.models_refresh
+        self._models_retry_after = settings.models_retry
         self._models_failures = 0
         self._clock = clock
 
@@ -519,7 +517,7 @@ class Upstream:
                 self._models_failures = 0
                 ttl = self._models_ttl
             else:
-                # Backoff: models_retry_after (10 s), 20 s, 40 s, ... up to the refresh interval.
+                # Backoff: TRIMPROXY_MODELS_RETRY, twice that, ... up to TRIMPROXY_MODELS_REFRESH.
                 ttl = min(
                     self._models_ttl, self._models_retry_after * 2 ** min(self._models_failures, 16)
                 )

@@ -287,14 +287,14 @@ async def test_model_discovery_is_tried_again_only_once_the_backoff_has_passed(
     bad_upstream: BadUpstream,
 ) -> None:
     """The served-model list of a failing upstream is asked again after the backoff
-    (``models_retry_after``, doubled per failure) and not before, by the upstream
+    (``TRIMPROXY_MODELS_RETRY``, doubled per failure) and not before, by the upstream
     client's clock; once the upstream lists models, the list is kept for the TTL."""
     bad_upstream.behave("status", path="/v1/models", status=600)
     now = 1000.0
     upstream = Upstream(
-        make_settings(bad_upstream.url, upstream_metrics_interval=0),
-        models_ttl=300,
-        models_retry_after=10,
+        make_settings(
+            bad_upstream.url, upstream_metrics_interval=0, models_refresh=300, models_retry=10
+        ),
         clock=lambda: now,
     )
 
