@@ -177,7 +177,8 @@ class Upstream:
         name = parse_dns_url(settings.upstream_url)
         self.lone: Engine | None = None
         """The engine of an upstream that is one URL for good (no list, no DNS): its
-        chat requests skip routing (docs/architecture.md §20)."""
+        chat requests skip routing, and nothing probes it; the calls that reach it
+        bring it back (docs/architecture.md §20)."""
         if engines is None:
             engines = StaticEngines([] if name else settings.upstream_url.split(","))
             if name is None and len(engines.all()) == 1:

@@ -48,7 +48,7 @@ class Fleet:
             for engine in upstream.engines.all():
                 self._attach(upstream, settings, engine)
             upstream.engines.subscribe(self._listener(upstream, settings))
-            if len(upstream.engines.all()) > 1 or upstream.discovery is not None:
+            if upstream.lone is None:  # a lone engine comes back by the calls that reach it
                 prober = Prober(upstream, settings.ready_timeout)
                 prober.start()
                 self._probers.append(prober)

@@ -262,16 +262,18 @@ def test_a_lone_engine_that_refused_a_connection_is_up_once_it_answers(tmp_path:
 def test_a_lone_engine_the_proxys_own_call_found_down_is_up_once_it_answers(
     tmp_path: Path,
 ) -> None:
-    """The model list (the context window) is the proxy's own call: refused, it marks
-    the one engine down; the next call that reaches it, a readiness check here, with
-    no chat request since, marks it up again (docs/architecture.md §20)."""
+    """A readiness check is the proxy's own call (``GET /v1/models``): refused, it
+    marks the one engine down before any chat request was sent; the next call that
+    reaches it, a readiness check again, with no chat request between, marks it up
+    (docs/architecture.md §20)."""
     engine = SimProcess(tmp_path, free_port())
     label = engine.url.removeprefix("http://")
     try:
         with ProxyProcess({**SETTINGS, "upstream_url": engine.url}) as proxy:
-            assert chat(proxy.url, "one", 0).status_code == 502
+            assert httpx.get(f"{proxy.url}/readyz", timeout=10).status_code == 503
             page = parse(httpx.get(f"{proxy.url}/metrics", timeout=10))
             assert page.value("trimproxy_engine_up", engine=label) == 0
+            assert chat(proxy.url, "one", 0).status_code == 502
             engine.start()
             ready = httpx.get(f"{proxy.url}/readyz", timeout=10)
             assert ready.status_code == 200, ready.text
