@@ -14,8 +14,8 @@ from starlette.responses import Response
 
 import proxy
 from proxy.dependencies import Services
-from proxy.engines.fleet import build_fleet
 from proxy.errors import ProxyError, envelope
+from proxy.fleet import Fleet, Gates
 from proxy.logs import setup_logging
 from proxy.metrics import Metrics
 from proxy.middleware import Accounting, ApiKeys, InFlightLimit
@@ -46,21 +46,29 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # One upstream per distinct URL, one counter per (tokenizer, upstream): the
         # top level's, and those of the models file (proxy.models).
-        table = await build_routes(settings, load_models(settings), count_upstream_error)
+        # Each engine is built with its labels and KV gate (proxy.fleet).
+        fleet = Fleet(metrics)
+        try:
+            table = await build_routes(
+                settings, load_models(settings), count_upstream_error, fleet.factory
+            )
+        except BaseException:
+            await fleet.aclose()
+            raise
         counter = table.default.counter
         try:
             sessions = build_sessions(settings, metrics)  # None: no session limit is set
             if sessions is not None:
                 await sessions.start()
         except BaseException:
+            await fleet.aclose()
             await table.aclose()
             raise
-        # Each engine's labels, ledger, scraper; each upstream's health prober.
-        fleet = build_fleet(metrics, table)
-        for upstream in fleet.upstreams():
+        for upstream in table.upstreams:
             await upstream.start_discovery()  # dns+http:// upstreams: their engines now
-        fleet.start()
-        app.state.services = _services(settings, metrics, table, sessions)
+        # Each engine's scraper; each upstream's health prober.
+        fleet.start(table)
+        app.state.services = _services(settings, metrics, table, sessions, fleet.gates)
         log.info("trimproxy ready: upstream %s, tokenizer %s", settings.upstream_url, counter.name)
         if serving:
             settle_heap()
@@ -129,6 +137,7 @@ def _services(
     metrics: Metrics,
     table: ModelRoutes,
     sessions: Sessions | None,
+    gates: Gates,
 ) -> Services:
     """The top level's services, with each named model's own beside them."""
     default = table.default
@@ -141,6 +150,7 @@ def _services(
             windows=route.windows,
             counter=route.counter,
             sessions=sessions,
+            gates=gates,
             model_label=route.name,
         )
 

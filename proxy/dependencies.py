@@ -4,17 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 
+from proxy.admission import KvAdmission
+from proxy.engines.engine import Engine
 from proxy.metrics import Metrics
+from proxy.sessions.gate import Sessions
 from proxy.settings import Settings
 from proxy.tokens.counter import TokenCounter
 from proxy.upstream import ContextWindows, Upstream
-
-if TYPE_CHECKING:
-    from proxy.sessions.gate import Sessions
 
 
 @dataclass(slots=True)
@@ -25,6 +24,8 @@ class Services:
     windows: ContextWindows
     counter: TokenCounter
     sessions: Sessions | None
+    gates: Mapping[Engine, KvAdmission] = field(default_factory=dict)
+    """Each engine's KV gate where admission is on (``proxy.fleet``)."""
     by_model: Mapping[str, Services] = field(default_factory=dict)
     """``TRIMPROXY_MODELS_FILE``: each named model's own settings, upstream, window and
     counter (``proxy.models``); a model it does not name is served by this one."""

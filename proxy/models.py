@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,8 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
+from proxy.engines.engine import Engine
+from proxy.engines.pool import EngineFactory
 from proxy.settings import ENV_PREFIX, Settings
 from proxy.tokens import build_counter
 from proxy.tokens.counter import TokenCounter
@@ -155,10 +157,14 @@ def _upstream_key(settings: Settings) -> tuple[str, str | None]:
 
 
 async def build_routes(
-    settings: Settings, models: Sequence[ModelSettings], on_error: ErrorHook | None = None
+    settings: Settings,
+    models: Sequence[ModelSettings],
+    on_error: ErrorHook | None = None,
+    engines: Callable[[Settings], EngineFactory] | None = None,
 ) -> ModelRoutes:
     """Upstreams and counters for the top level and each model, shared where equal;
-    ``on_error`` counts every upstream's failures (``Upstream``).
+    ``on_error`` counts every upstream's failures (``Upstream``); ``engines`` gives the
+    factory of an upstream's engines (``proxy.fleet``), plain ``Engine`` without.
 
     On failure everything built so far is closed before the error goes up.
     """
@@ -170,8 +176,9 @@ async def build_routes(
         ukey = _upstream_key(s)
         upstream = upstreams.get(ukey)
         if upstream is None:
-            upstream = upstreams[ukey] = Upstream(s, on_error=on_error)
-            windows[ukey] = ContextWindows(upstream)
+            factory = engines(s) if engines is not None else Engine
+            upstream = upstreams[ukey] = Upstream(s, on_error=on_error, engine_factory=factory)
+            windows[ukey] = ContextWindows(upstream, s)
         # hf: and tiktoken: count the same whichever upstream serves the model.
         asks_upstream = s.tokenizer in ("auto", "upstream")
         ckey = (s.tokenizer, ukey if asks_upstream else None)

@@ -1,6 +1,7 @@
 """The *prepare* step of the chat route: session, budget, count, trim, and the facts.
 
-``prepare`` takes a parsed chat request and the services and decides what goes
+``prepare`` takes a parsed chat request, the request's headers (its session identity)
+and the services, and decides what goes
 upstream: the body bytes (the client's own when nothing was dropped), the counted
 tokens, what was dropped and why, and the response headers. It records the
 request's metrics and log facts as it goes, so a request refused half-way (a
@@ -10,11 +11,10 @@ HTTP is spoken here: tests call it directly with an in-memory counter.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import orjson
-from starlette.requests import Request
 
 from proxy.admission.allowance import Allowance, allowance_for, capped_headers, with_allowance
 from proxy.chat import ChatRequest, with_messages
@@ -30,6 +30,7 @@ from proxy.floor import floor_over, size_floor
 from proxy.logs import RequestFacts
 from proxy.metrics import OTHER_MODEL, ModelSeries
 from proxy.sessions.gate import SESSION_ID
+from proxy.sessions.identity import Identity, identify
 from proxy.trimming import TrimPolicy, TrimResult, fits_whole, least_kept, trim
 from proxy.types import PromptCount, PromptLimit
 
@@ -65,7 +66,10 @@ class Prepared:
     series: ModelSeries | None = None
     """The request's per-model metric series (the relay observes the estimate error)."""
     session_key: str | None = None
-    """The session's identity when session limits worked it out (routing reuses it)."""
+    """The session's identity (``identify``, worked out once a request) when session
+    limits or session routing need it; None otherwise."""
+    request: ChatRequest | None = None
+    """The parsed request it was prepared from (the forward step reads its stream flags)."""
 
 
 async def model_series(svc: Services, model: str | None) -> ModelSeries:
@@ -210,13 +214,47 @@ def floor_if_surely_too_long(
     return floor_over(chat.messages, longest, budget)
 
 
+def session_identity(
+    svc: Services, headers: Mapping[str, str], chat: ChatRequest
+) -> Identity | None:
+    """The request's session identity, when session limits or session routing over
+    several engines need it (one hash a request); else None."""
+    settings = svc.settings
+    if svc.sessions is None and (
+        settings.routing != "session" or len(svc.upstream.engines.live()) < 2
+    ):
+        return None
+    return identify(headers, settings.session_header, chat.user, chat.messages)
+
+
+async def _session_step(
+    svc: Services, ident: Identity, chat: ChatRequest, facts: RequestFacts, out: dict[str, str]
+) -> int:
+    """The session limits (``proxy.sessions``): where the history the session keeps
+    starts; the session's headers go in ``out``."""
+    assert svc.sessions is not None
+    try:
+        admission = await svc.sessions.admit(ident, chat.messages)
+    except ProxyError as exc:  # a rejection still names its session
+        facts.session_id = exc.headers.get(SESSION_ID)
+        raise
+    out.update(admission.headers)
+    facts.session_id = admission.headers.get(SESSION_ID)
+    return admission.history_start
+
+
 async def prepare(
-    chat: ChatRequest, raw: bytes, request: Request, svc: Services, facts: RequestFacts
+    chat: ChatRequest,
+    raw: bytes,
+    headers: Mapping[str, str],
+    svc: Services,
+    facts: RequestFacts,
 ) -> Prepared:
     """Session, budget, count, trim: what to forward for ``chat`` (read from ``raw``).
 
-    ``request`` is only read for its headers (the session's identity); ``facts`` is
-    this request's access-log record, filled in as the facts become known.
+    ``headers`` are the request's, case-insensitive (Starlette's): its session
+    identity; ``facts`` is this request's access-log record, filled in as the facts
+    become known.
     """
     settings = svc.settings
     # Before anything keeps or logs it: the name is the client's, of any length.
@@ -230,19 +268,11 @@ async def prepare(
     facts.model = chat.model
 
     history_start = 0
-    session_key = None
-    headers: dict[str, str] = {}
-    if svc.sessions is not None:
-        try:
-            admission = await svc.sessions.admit(request, chat)
-        except ProxyError as exc:  # a rejection still names its session
-            facts.session_id = exc.headers.get(SESSION_ID)
-            raise
-        history_start = admission.history_start
-        session_key = admission.key
-        headers.update(admission.headers)
-        facts.session_id = admission.headers.get(SESSION_ID)
-    upstream, allowance = apply_allowance(svc, chat, headers)
+    out: dict[str, str] = {}
+    ident = session_identity(svc, headers, chat)
+    if ident is not None and svc.sessions is not None:
+        history_start = await _session_step(svc, ident, chat, facts, out)
+    upstream, allowance = apply_allowance(svc, chat, out)
 
     limit = await limit_for(svc, chat, allowance)
     budget = None if limit is None else limit.budget
@@ -279,8 +309,8 @@ async def prepare(
     metrics.prompt_forwarded.observe(forwarded)
     facts.prompt_tokens_forwarded = forwarded
     facts.messages_dropped = dropped
-    headers[PROMPT_TOKENS] = str(forwarded)
-    headers[TRIMMED_MESSAGES] = str(dropped)
+    out[PROMPT_TOKENS] = str(forwarded)
+    out[TRIMMED_MESSAGES] = str(dropped)
     return Prepared(
         body=body,
         received_tokens=count.total,
@@ -288,10 +318,11 @@ async def prepare(
         dropped=dropped,
         trim_reason=reason,
         budget=budget,
-        headers=headers,
+        headers=out,
         session_id=facts.session_id,
         reserve=allowance.tokens,
         allowance=allowance,
         series=metrics,
-        session_key=session_key,
+        session_key=ident.key if ident is not None else None,
+        request=chat,
     )

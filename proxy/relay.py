@@ -1,10 +1,10 @@
 """Relaying an upstream answer to the client, and watching for the client to leave.
 
-``watch_disconnect`` starts watching when the request is forwarded
-(``routes.open_upstream``, right before the request is sent), after the body has
-been read and prepared. A request that streams is watched at once
-(``STREAM_WATCH_DELAY``); any other one first ``WATCH_DELAY`` (a quarter of a second)
-later, so a client that left while its prompt was counted is noticed then.
+``watch_disconnect`` starts watching when the request is forwarded (right before
+``proxy.forward`` sends it), after the body has been read and prepared. A request that
+streams is watched at once (``STREAM_WATCH_DELAY``); any other one first
+``WATCH_DELAY`` (a quarter of a second) later, so a client that left while its prompt
+was counted is noticed then.
 From there on a disconnect cancels the wait for the answer's head,
 and ``Relay`` goes on watching while it pumps the body, closing the upstream
 connection at once when the client goes, which is what makes vLLM abort the
@@ -17,7 +17,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 from starlette.responses import Response
@@ -81,11 +81,36 @@ def sse_error_event(error: ProxyError) -> bytes:
     return b"data: " + error.body() + b"\n\n"
 
 
-#: Called once the relay ends: whether the body went out whole, and the captured body.
-EndHook = Callable[[bool, bytes | None], None]
 #: Called with each chunk of a relayed stream before it is sent on (KV admission's
 #: ``AnswerWatch`` counts the tokens of an answer that may outgrow its reservation).
 ChunkHook = Callable[[bytes], None]
+
+
+class Answer(Protocol):
+    """What the relay needs of a forwarded request (``proxy.forward.Sent``): the one
+    hook between the forward step and the relay."""
+
+    @property
+    def response(self) -> aiohttp.ClientResponse: ...
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        """Response headers the proxy adds."""
+        ...
+
+    @property
+    def failure(self) -> FailureMap: ...
+
+    @property
+    def on_first_byte(self) -> Callable[[], None] | None: ...
+
+    @property
+    def on_chunk(self) -> ChunkHook | None: ...
+
+    def end(self, complete: bool, captured: bytes | None) -> None:
+        """Once, when the relay is over: whether the body went out whole, and the body
+        kept (``capture_limit``)."""
+        ...
 
 
 def response_headers(
@@ -108,29 +133,18 @@ class Relay(Response):
     """
 
     def __init__(
-        self,
-        upstream: aiohttp.ClientResponse,
-        extra_headers: Mapping[str, str],
-        client_gone: asyncio.Future[None],
-        *,
-        failure: FailureMap,
-        on_end: EndHook | None = None,
-        on_first_byte: Callable[[], None] | None = None,
-        capture_limit: int = 0,
-        on_chunk: ChunkHook | None = None,
+        self, answer: Answer, client_gone: asyncio.Future[None], *, capture_limit: int = 0
     ) -> None:
-        self._upstream = upstream
-        self._on_chunk = on_chunk
+        upstream = self._upstream = answer.response
+        self._answer = answer
         self._client_gone = client_gone
-        self._failure = failure
-        self._on_end = on_end
-        self._on_first_byte = on_first_byte
+        self._on_first_byte = answer.on_first_byte
         # Up to this many bytes of the body are kept for on_end (usage comparison);
         # a longer body is relayed all the same, just not kept.
         self._capture_limit = capture_limit
         self._captured: list[bytes] | None = [] if capture_limit > 0 else None
         self.status_code = upstream.status
-        self.raw_headers = response_headers(upstream.raw_headers, extra_headers)
+        self.raw_headers = response_headers(upstream.raw_headers, answer.headers)
         self.background = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -157,9 +171,8 @@ class Relay(Response):
                 self._upstream.release()
             else:
                 self._upstream.close()
-            if self._on_end is not None:
-                captured = b"".join(self._captured) if completed and self._captured else None
-                self._on_end(completed, captured)
+            captured = b"".join(self._captured) if completed and self._captured else None
+            self._answer.end(completed, captured)
 
     def _whole(self) -> bool:
         """Whether the answer is sent in one piece (``_send_whole``)."""
@@ -181,7 +194,7 @@ class Relay(Response):
         send = getattr(send, "body_send", send)
         # Locals, not attributes, in the loop: it runs once per SSE event.
         on_first_byte = self._on_first_byte
-        on_chunk = self._on_chunk
+        on_chunk = self._answer.on_chunk
         captured = self._captured
         limit = self._capture_limit
         kept = 0
@@ -212,7 +225,7 @@ class Relay(Response):
             # The head is out already, so no error answer can follow: a stream gets a
             # final error event, and then every answer is broken off (RelayAborted),
             # so that no client takes a cut answer for a complete one.
-            error = self._failure(exc, self._upstream)
+            error = self._answer.failure(exc, self._upstream)
             log.warning("upstream answer broke off: %s", type(exc).__name__)
             if self._is_sse():
                 event = sse_error_event(error)
@@ -235,7 +248,7 @@ class Relay(Response):
         try:
             body = await self._upstream.read()
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            error = self._failure(exc, self._upstream)
+            error = self._answer.failure(exc, self._upstream)
             body = error.body()
             self.status_code = error.status
             self.raw_headers = [(b"content-type", JSON_MEDIA_TYPE.encode())]
@@ -363,7 +376,7 @@ STREAM_WATCH_DELAY = 0.0
 def watch_disconnect(receive: Receive, delay: float = WATCH_DELAY) -> asyncio.Future[None]:
     """A future that completes when the client disconnects; call once the body is read.
 
-    The caller owns it: it is handed to the send (``Upstream.send``) and then to ``Relay``,
+    The caller owns it: it is handed to the send (``Transport.send``) and then to ``Relay``,
     which cancels it at the end; on an error in between the caller cancels it. The
     task that waits on ``receive`` starts ``delay`` seconds later, unless the future is
     done by then; cancelling the future stops the timer and the task.

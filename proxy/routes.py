@@ -9,10 +9,8 @@ solving; its ``APIRoute`` is what ``/docs`` lists (and serves under a root path)
 from __future__ import annotations
 
 import asyncio
-import time
 from enum import Enum
 
-import aiohttp
 import orjson
 from fastapi.routing import APIRoute
 from starlette.requests import Request
@@ -20,10 +18,8 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from proxy.admission import AnswerWatch, Need, asks_usage, wait_header
-from proxy.chat import ChatRequest, parse_chat
+from proxy.chat import parse_chat
 from proxy.dependencies import Services, services
-from proxy.engines.dispatch import Sent, send_alone, send_chat
 from proxy.engines.engine import Engine
 from proxy.errors import (
     ClientClosedRequest,
@@ -32,13 +28,13 @@ from proxy.errors import (
     RequestTimeout,
     RequestTooLarge,
 )
+from proxy.forward import Outgoing, forward
 from proxy.logs import request_facts
-from proxy.metrics import CONTENT_TYPE, OTHER_MODEL
+from proxy.metrics import CONTENT_TYPE
 from proxy.models import union_models
 from proxy.openapi import CHAT_BODY, CHAT_RESPONSES, HealthBody, ReadinessBody
-from proxy.prepare import Prepared, prepare
+from proxy.prepare import prepare
 from proxy.relay import STREAM_WATCH_DELAY, WATCH_DELAY, Relay, watch_disconnect
-from proxy.tokens import estimate_error
 from proxy.types import JSON_MEDIA_TYPE
 from proxy.upstream import Readiness, Upstream
 
@@ -106,96 +102,23 @@ def _too_large(size: int, limit: int) -> RequestTooLarge:
 
 
 async def chat_completions(request: Request) -> Response:
-    """read → parse → prepare → forward; the relay records what the answer says."""
+    """read → parse → prepare → forward → relay (docs/architecture.md §1)."""
     svc = services(request)
     raw = await read_body(request, svc.settings.max_body_bytes, svc.settings.body_timeout)
     chat = parse_chat(raw)
     svc = svc.for_model(chat.model)  # TRIMPROXY_MODELS_FILE: the model's own upstream
     facts = request_facts(request)  # for the access line
-    prepared = await prepare(chat, raw, request, svc, facts)
-    extra = prepared.headers
-
-    headers = svc.upstream.request_headers(request.scope["headers"])
+    prepared = await prepare(chat, raw, request.headers, svc, facts)
+    headers = svc.upstream.transport.request_headers(request.scope["headers"])
     headers["content-type"] = JSON_MEDIA_TYPE
     # Watched from here on: a client may leave KV admission's line, and one that stops
     # a stream is the common case (so a stream's watcher starts at once).
     client_gone = watch_disconnect(
         request.receive, STREAM_WATCH_DELAY if chat.stream else WATCH_DELAY
     )
-    # One engine and no ledger: no order, weight, reservation or in-flight count to
-    # keep (docs/architecture.md §20); about 1.5 % of a request.
-    lone = svc.upstream.lone
-    sent: Sent | None = None
-    watch: AnswerWatch | None = None
-    if lone is not None and lone.admission is None:
-        started = time.perf_counter()
-        upstream = await send_alone(
-            svc.upstream, lone, CHAT_PATH, headers, prepared.body, client_gone, facts
-        )
-    else:
-        sent, watch, extra = await _send_routed(request, svc, chat, prepared, headers, client_gone)
-        upstream, started = sent.response, sent.started
-    metrics = svc.metrics
-    forwarded_tokens = prepared.forwarded_tokens
-
-    def on_end(complete: bool, captured: bytes | None) -> None:
-        if watch is not None:
-            watch.finish(captured)
-        if sent is not None:
-            sent.done()  # the answer is over, however it ended
-        if captured is not None and upstream.status == 200:
-            error = estimate_error(forwarded_tokens, captured)
-            if error is not None:
-                series = prepared.series
-                (series or metrics.for_model(OTHER_MODEL)).estimate_error.observe(error)
-
-    def on_first_byte() -> None:
-        facts.upstream_ttfb = time.perf_counter() - started
-        metrics.chat_ttfb.observe(facts.upstream_ttfb)
-
-    return Relay(
-        upstream,
-        extra,
-        client_gone,
-        failure=svc.upstream.failure,
-        on_end=on_end,
-        on_first_byte=on_first_byte,
-        capture_limit=0 if chat.stream else _USAGE_CAPTURE_BYTES,
-        on_chunk=watch.on_chunk if watch is not None and chat.stream else None,
-    )
-
-
-async def _send_routed(
-    request: Request,
-    svc: Services,
-    chat: ChatRequest,
-    prepared: Prepared,
-    headers: dict[str, str],
-    client_gone: asyncio.Future[None],
-) -> tuple[Sent, AnswerWatch | None, dict[str, str]]:
-    """Its engine (proxy.engines): routed, admitted on that engine's ledger, sent; the
-    answer's watch when it may outgrow its reservation, and the response headers."""
-    facts = request_facts(request)
-    extra = prepared.headers
-    # The most KV this request can hold: its prompt and n whole completions.
-    allowance = prepared.allowance
-    n = allowance.n if allowance is not None else 1
-    need = Need(prepared.forwarded_tokens, prepared.reserve, n)
-    sent = await send_chat(
-        request, svc, chat, CHAT_PATH, headers, prepared.body, need, client_gone, facts,
-        prepared.session_key,
-    )  # fmt: skip
-    watch = None
-    reservation = sent.reservation
-    if reservation is not None:
-        extra = {**extra, **wait_header(reservation)}
-        gate = sent.engine.admission
-        unbounded = allowance is not None and not allowance.bounded
-        if gate is not None and unbounded and reservation.charge:
-            # Told no limit, the engine may let the answer outgrow its reservation.
-            usage = chat.stream and asks_usage(chat.body)
-            watch = AnswerWatch(gate, reservation, need, chat.stream, usage)
-    return sent, watch, extra
+    out = Outgoing("POST", CHAT_PATH, headers, prepared.body)
+    sent = await forward(svc, out, client_gone, facts, prepared)
+    return Relay(sent, client_gone, capture_limit=0 if chat.stream else _USAGE_CAPTURE_BYTES)
 
 
 def error_response(request: Request, exc: ProxyError) -> Response:
@@ -240,36 +163,6 @@ class ChatRoute:
         await response(scope, receive, send)
 
 
-async def open_upstream(
-    request: Request,
-    svc: Services,
-    path: str,
-    headers: dict[str, str],
-    body: bytes | None,
-    client_gone: asyncio.Future[None] | None = None,
-    *,
-    delay: float = WATCH_DELAY,
-) -> tuple[aiohttp.ClientResponse, asyncio.Future[None]]:
-    """Forward the request; returns the upstream response and the client-disconnect
-    watcher that the relay goes on using (cancelled here if forwarding fails).
-
-    Disconnect watching starts here, after the body was read and prepared: while
-    the body is read, reading it is what notices a client that left; one that left
-    while its prompt was counted is noticed as soon as the watcher first asks,
-    ``delay`` after it starts (``STREAM_WATCH_DELAY`` for a request that may stream).
-    (The chat route starts its own before KV admission, so a client can leave the
-    line, and passes it in.)
-    """
-    if client_gone is None:
-        client_gone = watch_disconnect(request.receive, delay)
-    try:
-        response = await svc.upstream.forward(request.method, path, headers, body, client_gone)
-    except BaseException:
-        client_gone.cancel()
-        raise
-    return response, client_gone
-
-
 async def passthrough(request: Request) -> Response:
     """Any other upstream route, relayed as it is (bodies streamed back unbuffered)."""
     svc = services(request)
@@ -289,14 +182,15 @@ async def passthrough(request: Request) -> Response:
     query = request.scope.get("query_string", b"")
     if query:
         path = f"{path}?{query.decode('latin-1')}"
-    headers = svc.upstream.request_headers(request.scope["headers"])
-    # Not parsed here: a body that names "stream" at all may stream (completions), and
-    # only picks the watcher's delay.
+    headers = svc.upstream.transport.request_headers(request.scope["headers"])
+    # Watched once the body is read (reading it notices a client that leaves before).
+    # Not parsed here: a body that names "stream" at all may stream, and only picks the
+    # watcher's delay.
     delay = STREAM_WATCH_DELAY if b'"stream"' in body else WATCH_DELAY
-    upstream, client_gone = await open_upstream(
-        request, svc, path, headers, body or None, delay=delay
-    )
-    return Relay(upstream, {}, client_gone, failure=svc.upstream.failure)
+    client_gone = watch_disconnect(request.receive, delay)
+    out = Outgoing(request.method, path, headers, body or None)
+    sent = await forward(svc, out, client_gone, request_facts(request))
+    return Relay(sent, client_gone)
 
 
 def _model_of(body: bytes) -> str | None:
@@ -314,7 +208,7 @@ async def union_of_models(request: Request, svc: Services) -> Response:
     that fails is left out; when all fail, the first one's answer is relayed."""
 
     async def ask(upstream: Upstream, engine: Engine) -> tuple[int, bytes, str]:
-        headers = upstream.request_headers(request.scope["headers"])
+        headers = upstream.transport.request_headers(request.scope["headers"])
         response = await upstream.forward("GET", "/v1/models", headers, None, engine=engine)
         try:
             return response.status, await response.read(), response.content_type

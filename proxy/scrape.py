@@ -20,14 +20,15 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 from proxy.admission.capacity import EngineCache, parse_cache_config
 from proxy.background import Background
 from proxy.engines.engine import Engine
+from proxy.engines.stats import EngineStats
 from proxy.metrics import Metrics, multiprocess_dir
 from proxy.settings import Settings
-from proxy.upstream import Upstream, UpstreamCallFailed
+from proxy.upstream.calls import UpstreamCallFailed
+from proxy.upstream.client import Upstream
 from proxy.vllm_metrics import (
     KV_USAGE_NAMES,
     PREEMPTIONS,
@@ -60,21 +61,8 @@ def next_delay(previous: float, ok: bool, interval: float) -> float:
     return min(previous * 2, max(_MAX_BACKOFF, interval))
 
 
-@dataclass(frozen=True, slots=True)
-class UpstreamStats:
-    kv_cache_usage: float | None
-    running: float | None
-    waiting: float | None
-    prefix_hits: float | None = None
-    prefix_queries: float | None = None
-    preemptions: float | None = None
-
-    @property
-    def prefix_hit_ratio(self) -> float | None:
-        """Hits over queries since the engine started; None before its first query."""
-        if self.prefix_hits is None or not self.prefix_queries:
-            return None
-        return self.prefix_hits / self.prefix_queries
+#: The name this module gave it first; the record is the engines' own now.
+UpstreamStats = EngineStats
 
 
 def parse_stats(text: str) -> UpstreamStats:
@@ -230,7 +218,7 @@ class UpstreamScraper:
         if not self._aggregate:
             return
         engines = self._upstream.engines.all()
-        found = [e.stats for e in engines if isinstance(e.stats, UpstreamStats)]
+        found = [e.stats for e in engines if e.stats is not None]
         m = self._metrics
         m.upstream_metrics_up.set(1 if len(found) == len(engines) else 0)
         if not found:

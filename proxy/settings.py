@@ -13,9 +13,9 @@ from typing import Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from proxy.choices import DEFAULT_SESSION_HEADER, LimitAction, StoreFailure
 from proxy.engines.discovery import parse_dns_url, split_nameserver
 from proxy.engines.urls import DNS_PREFIX, joined, parse_upstream
-from proxy.sessions.types import DEFAULT_SESSION_HEADER, LimitAction, StoreFailure
 
 ENV_PREFIX = "TRIMPROXY_"
 

@@ -1,9 +1,11 @@
 """One engine: a base URL, its health, what it holds for this process, its ledger.
 
-An ``Engine`` is built once per URL by the engine list (``proxy.engines.pool``) and
-shared by everything that talks to it: ``Upstream`` sends to ``engine.url`` on its one
-client, the scraper keeps ``engine.stats``, KV admission puts a ledger on
-``engine.admission``, the prober flips ``engine.health``.
+An ``Engine`` is built once per URL by the engine list (``proxy.engines.pool``), with
+its hooks (the factory of ``proxy.fleet``), and shared by everything that talks to it:
+``Upstream`` sends to ``engine.url`` on its one client, the scraper keeps
+``engine.stats``, the prober flips ``engine.health``. Its KV gate is the fleet's
+(``Fleet.gates``): this layer sits under admission and knows only what the gate holds
+(``reserved``).
 """
 
 from __future__ import annotations
@@ -11,14 +13,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
 
 from yarl import URL
 
+from proxy.engines.stats import EngineStats
 from proxy.engines.urls import engine_label
-
-if TYPE_CHECKING:
-    from proxy.admission import KvAdmission
 
 #: The first re-probe of an engine that left the rotation; doubled up to the interval.
 FIRST_RETRY = 0.5
@@ -61,7 +60,8 @@ class Health:
         return was_down
 
 
-@dataclass(slots=True)
+# eq=False: an engine is itself, hashed by identity (the fleet keys its gates by it).
+@dataclass(slots=True, eq=False)
 class Engine:
     url: str
     label: str = ""
@@ -69,10 +69,11 @@ class Engine:
     health: Health = field(default_factory=Health)
     in_flight: int = 0
     """Chat requests this process has forwarded to it and not yet seen end."""
-    admission: KvAdmission | None = None
-    """Its KV ledger's gate (``TRIMPROXY_KV_ADMISSION``); None when off."""
-    stats: Any = None
-    """The last scrape of its ``/metrics`` (``proxy.scrape.UpstreamStats``), or None."""
+    stats: EngineStats | None = None
+    """The last good scrape of its ``/metrics`` (``proxy.scrape``), or None."""
+    reserved: Callable[[], int] | None = None
+    """KV tokens its ledger holds for this process (``TRIMPROXY_KV_ADMISSION``); None
+    when admission is off."""
     on_request: Callable[[], None] | None = None
     """Counts one request sent to it (``trimproxy_engine_requests_total``)."""
     on_state: Callable[[bool], None] | None = None
@@ -87,8 +88,8 @@ class Engine:
     def load(self) -> int:
         """What it holds for this process now: reserved KV tokens with admission, else
         requests in flight (what ``least_loaded`` routing compares)."""
-        if self.admission is not None:
-            return self.admission.ledger.local_reserved()
+        if self.reserved is not None:
+            return self.reserved()
         return self.in_flight
 
     def state_known(self) -> None:

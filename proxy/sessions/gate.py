@@ -9,20 +9,18 @@ The rule itself is ``proxy.sessions.rule``; the stores are ``memory`` and
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from starlette.requests import Request
-
-from proxy.chat import ChatRequest
 from proxy.errors import ProxyError, SessionExpired, SessionStoreUnavailable, SessionTurnLimit
 from proxy.metrics import Metrics
-from proxy.sessions.identity import hash_conversation, identify
+from proxy.sessions.identity import Identity, hash_conversation
 from proxy.sessions.memory import MemoryStore
 from proxy.sessions.rule import Decision, Limits
 from proxy.sessions.store import SessionStore, StoreUnavailable
 from proxy.sessions.types import DEFAULT_SESSION_HEADER, StoreFailure
 from proxy.settings import Settings
+from proxy.types import Message
 
 log = logging.getLogger("trimproxy.sessions")
 
@@ -72,10 +70,11 @@ class Sessions:
             "" if reachable else f" is not reachable yet (on failure: {self.failure})",
         )
 
-    async def admit(self, request: Request, chat: ChatRequest) -> Admission:
-        ident = identify(request.headers, self.header, chat.user, chat.messages)
+    async def admit(self, ident: Identity, messages: Sequence[Message]) -> Admission:
+        """The session step of a request of ``messages`` (the conversation trimming
+        sees), whose identity ``prepare`` worked out (``identify``, once a request)."""
         headers = {SESSION_ID: ident.shown}
-        conversation = hash_conversation(chat.messages)
+        conversation = hash_conversation(messages)
         if conversation.user_turns == 0:
             return Admission(0, headers, ident.key)  # no user turn yet: nothing to count
         try:

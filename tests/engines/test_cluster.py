@@ -218,7 +218,7 @@ def test_a_refused_connection_takes_the_engine_out_before_its_retry_is_answered(
             label = first[names[0]]
             victim, other = engines if engines[0].url == f"http://{label}" else engines[::-1]
             led = [name for name in names if first[name] == label]
-            refused = f"engine {label} refused; retrying on"
+            refused = f"engine {label} could not be reached; retrying on"
             victim.kill()
             r = chat(proxy.url, led[0], 1)
             assert r.status_code == 200, r.text

@@ -11,8 +11,8 @@ from typing import Any
 
 from aiohttp import web
 
-from proxy.engines.health import Prober
 from proxy.upstream import Upstream
+from proxy.upstream.probe import Prober
 from tests.support.inprocess import make_settings
 
 
@@ -58,7 +58,7 @@ async def test_an_answer_to_a_probe_sent_before_a_failure_is_stale() -> None:
         await asyncio.wait_for(server.asked.wait(), 10)
         # A request finds the engine down while the probe waits for its answer (the
         # engine was SIGKILLed between the probe's connect and a request's).
-        upstream.engine_failed(engine, "connect")
+        upstream.transport.engine_failed(engine, "connect")
         server.release.set()
         assert await probe is True
         assert engine.health.up is False, "a stale probe put a dead engine back"
@@ -77,14 +77,14 @@ async def test_a_lone_engine_comes_back_with_an_answer_sent_after_its_failure() 
 
         async def chat() -> int:
             path = "/v1/chat/completions"
-            response = await upstream.send(engine, "POST", path, headers, b"{}")
+            response = await upstream.transport.send(engine, "POST", path, headers, b"{}")
             response.release()
             return response.status
 
         first = asyncio.create_task(chat())
         await asyncio.wait_for(server.asked.wait(), 10)
         # Another request found it down while this one waited for its answer.
-        upstream.engine_failed(engine, "connect")
+        upstream.transport.engine_failed(engine, "connect")
         server.release.set()
         assert await first == 200
         assert engine.health.up is False, "an answer sent before the failure put it back"

@@ -9,8 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-import proxy.engines.dispatch
-import proxy.sessions.gate
+import proxy.prepare
 from proxy.app import create_app
 from proxy.metrics import Metrics
 from proxy.sessions.identity import identify
@@ -35,8 +34,7 @@ async def test_the_session_step_and_routing_share_one_identity(
         calls.append(ident.key)
         return ident
 
-    monkeypatch.setattr(proxy.sessions.gate, "identify", counted)
-    monkeypatch.setattr(proxy.engines.dispatch, "identify", counted)
+    monkeypatch.setattr(proxy.prepare, "identify", counted)
     settings = make_settings(
         ",".join(s.url for s in sims),
         tokenizer="approx",

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import orjson
 import pytest
 
-from proxy.engines import fleet
+from proxy import fleet
 from proxy.scrape import build_scraper
 from tests.observability.promtext import Scrape, ascrape, wait_for_scrape
 from tests.support.clock import SteppedSleep

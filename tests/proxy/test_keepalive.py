@@ -18,7 +18,7 @@ async def test_idle_connections_go_before_the_engines_server_closes_them() -> No
     assert _server_keepalive() > IDLE_KEEPALIVE
     upstream = Upstream(make_settings("http://127.0.0.1:9"))
     try:
-        connector = upstream._session.connector
+        connector = upstream.transport._session.connector
         assert connector is not None
         assert connector._keepalive_timeout == IDLE_KEEPALIVE
     finally:

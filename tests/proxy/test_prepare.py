@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 import pytest
-from starlette.requests import Request
+from starlette.datastructures import Headers
 
 from proxy.chat import ChatRequest, parse_chat
 from proxy.dependencies import Services
@@ -72,10 +72,10 @@ def conversation(turns: int) -> list[dict[str, Any]]:
     return messages
 
 
-def request(headers: dict[str, str] | None = None) -> Request:
+def request_headers(headers: dict[str, str] | None = None) -> Headers:
+    """A request's headers as the route hands them to ``prepare`` (case-insensitive)."""
     raw = [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
-    return Request({"type": "http", "method": "POST", "path": "/v1/chat/completions",
-                    "headers": raw})  # fmt: skip
+    return Headers(raw=raw)
 
 
 @pytest.fixture
@@ -93,7 +93,7 @@ def services(upstream: Upstream, counter: TokenCounter | None = None, **settings
         settings=s,
         metrics=metrics,
         upstream=upstream,
-        windows=ContextWindows(upstream),
+        windows=ContextWindows(upstream, s),
         counter=counter or TenEach(),
         sessions=build_sessions(s, metrics),
     )
@@ -107,7 +107,7 @@ async def run(
 ) -> tuple[Prepared, RequestFacts, bytes]:
     raw = orjson.dumps({"model": "m", "messages": messages, **body})
     facts = RequestFacts("rid")
-    prepared = await prepare(parse_chat(raw), raw, request(headers), svc, facts)
+    prepared = await prepare(parse_chat(raw), raw, request_headers(headers), svc, facts)
     return prepared, facts, raw
 
 
@@ -197,7 +197,7 @@ async def test_what_cannot_fit_is_refused_and_the_facts_say_so(upstream: Upstrea
     facts = RequestFacts("rid")
     raw = orjson.dumps({"model": "m", "messages": conversation(3)})
     with pytest.raises(ContextLengthExceeded):
-        await prepare(parse_chat(raw), raw, request(), svc, facts)
+        await prepare(parse_chat(raw), raw, request_headers(), svc, facts)
     assert facts.prompt_tokens_received == PER_MESSAGE * 8 + 2
     assert facts.prompt_tokens_forwarded is None
 
@@ -221,7 +221,7 @@ async def test_a_session_rejection_still_names_its_session(upstream: Upstream) -
     facts = RequestFacts("rid")
     raw = orjson.dumps({"model": "m", "messages": conversation(1)})
     with pytest.raises(SessionTurnLimit):
-        await prepare(parse_chat(raw), raw, request(headers), svc, facts)
+        await prepare(parse_chat(raw), raw, request_headers(headers), svc, facts)
     assert facts.session_id == "bob"
 
 

@@ -96,17 +96,19 @@ def conversation(turns: int, words: int = 30) -> list[dict[str, Any]]:
 
 
 async def test_discovery_sends_the_key(locked_sim: LockedSim) -> None:
-    async with client_for(settings(locked_sim, KEY)) as upstream:
+    with_key = settings(locked_sim, KEY)
+    async with client_for(with_key) as upstream:
         (served,) = await upstream.models()
         assert (served.id, served.max_model_len) == ("sim-model", WINDOW)
-        assert await ContextWindows(upstream).get("sim-model") == WINDOW
+        assert await ContextWindows(upstream, with_key).get("sim-model") == WINDOW
     assert locked_sim.authorizations() == {f"Bearer {KEY}"}
     assert {r["status"] for r in locked_sim.records()} == {200}
 
     # Without the key the sim refuses, and the proxy learns nothing (it would not trim).
-    async with client_for(settings(locked_sim, None)) as upstream:
+    without = settings(locked_sim, None)
+    async with client_for(without) as upstream:
         assert await upstream.models() == ()
-        assert await ContextWindows(upstream).get("sim-model") is None
+        assert await ContextWindows(upstream, without).get("sim-model") is None
     assert 401 in {r["status"] for r in locked_sim.records()}
 
 

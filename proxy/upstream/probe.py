@@ -2,7 +2,7 @@
 
 An engine in the rotation is probed every ``TRIMPROXY_HEALTH_INTERVAL`` seconds; one
 that failed a probe, refused a connection or timed out on connect leaves the rotation
-(``Upstream.engine_failed``) and is probed again after 0.5 s, then 1 s, 2 s, ... up to
+(``Transport.engine_failed``) and is probed again after 0.5 s, then 1 s, 2 s, ... up to
 the interval, until it answers. A probe gets ``TRIMPROXY_READY_TIMEOUT`` seconds.
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 
 from proxy.background import Background
 from proxy.engines.engine import FIRST_RETRY, Engine
-from proxy.upstream import Upstream
+from proxy.upstream.client import Upstream
 
 log = logging.getLogger("trimproxy.engines")
 
@@ -77,9 +77,9 @@ class Prober:
         except TimeoutError:
             ok, why = False, f"no answer within {self._timeout:g} s"
         if ok:
-            self._upstream.engine_answered(engine, asked_in)
+            self._upstream.transport.engine_answered(engine, asked_in)
         else:
             if engine.health.up:
                 log.warning("engine %s failed its health probe: %s", engine.label, why)
-            self._upstream.engine_failed(engine, "probe")
+            self._upstream.transport.engine_failed(engine, "probe")
         return ok

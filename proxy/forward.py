@@ -1,0 +1,227 @@
+"""The forward step: a request to its engine, and what its answer holds until it ends.
+
+``forward`` sends one request and returns a ``Sent``: the engine's response head and
+everything the answer's end must settle (the relay's one hook, ``proxy.relay.Answer``).
+A prepared request (one that carries a prompt) is routed, admitted and sent:
+
+- the lone engine of an upstream without a KV gate (``Upstream.lone``) is sent to
+  directly: no order, weight, reservation or in-flight count to keep
+  (docs/architecture.md §20);
+- else the first engine of the request's order (``Upstream.order``: the session's
+  rendezvous order under ``TRIMPROXY_ROUTING=session``) reserves on its own KV gate and
+  waits for that engine (never spills to another while it only waits: that would cost
+  the turn its prefix hits), and is sent to; when its connection fails before anything
+  was sent, the next engine of the order gets it (``failover``).
+
+A request that carries no prompt (``prepared`` None: embeddings, the model list, ...)
+goes to the rotation's first engine, with the same failover. Whatever fails, the
+client's disconnect watcher is cancelled here, the one place that owns it until the
+relay takes it over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import aiohttp
+
+from proxy.admission import AnswerWatch, KvAdmission, Need, Reservation, asks_usage, wait_header
+from proxy.dependencies import Services
+from proxy.engines.engine import Engine
+from proxy.logs import RequestFacts
+from proxy.metrics import OTHER_MODEL, Metrics
+from proxy.prepare import Prepared
+from proxy.relay import ChunkHook, FailureMap
+from proxy.tokens import estimate_error
+from proxy.upstream import connection_failed
+from proxy.upstream.failover import failover
+
+
+@dataclass(slots=True)
+class Outgoing:
+    """What goes upstream: the method, the path in normal form (with the query), the
+    headers (``Transport.request_headers``) and the body."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes | None
+
+
+# Not frozen: read-only by convention but for what the answer's end settles (why:
+# proxy.types, above PromptCount).
+@dataclass(slots=True)
+class Sent:
+    """A forwarded request: the engine's response head, and what its answer holds."""
+
+    response: aiohttp.ClientResponse
+    headers: Mapping[str, str]
+    """Response headers the proxy adds (token counts, session, admission wait)."""
+    failure: FailureMap
+    """The error for an answer that broke off mid-body (``Transport.failure``)."""
+    engine: Engine | None = None
+    """The engine whose in-flight count this answer holds (None: the lone engine's)."""
+    reservation: Reservation | None = None
+    watch: AnswerWatch | None = None
+    """An answer that may outgrow its reservation (``proxy.admission.overrun``)."""
+    on_chunk: ChunkHook | None = None
+    prepared: Prepared | None = None
+    metrics: Metrics | None = None
+    facts: RequestFacts | None = None
+    started: float = 0.0
+    """``perf_counter()`` when it was forwarded (the TTFB clock)."""
+    _done: bool = False
+
+    @property
+    def on_first_byte(self) -> Callable[[], None] | None:
+        """The relay's first-byte hook: the TTFB of a prepared request, else None."""
+        return self.first_byte if self.metrics is not None else None
+
+    def first_byte(self) -> None:
+        assert self.facts is not None and self.metrics is not None
+        self.facts.upstream_ttfb = time.perf_counter() - self.started
+        self.metrics.chat_ttfb.observe(self.facts.upstream_ttfb)
+
+    def end(self, complete: bool, captured: bytes | None) -> None:
+        """The answer is over, however it ended: give back what it held, and compare
+        the engine's usage with the count (idempotent)."""
+        if self._done:
+            return
+        self._done = True
+        if self.watch is not None:
+            self.watch.finish(captured)
+        if self.engine is not None:
+            self.engine.in_flight -= 1
+        if self.reservation is not None:
+            self.reservation.release()
+        prepared = self.prepared
+        if captured is not None and prepared is not None and self.response.status == 200:
+            error = estimate_error(prepared.forwarded_tokens, captured)
+            if error is not None and self.metrics is not None:
+                series = prepared.series or self.metrics.for_model(OTHER_MODEL)
+                series.estimate_error.observe(error)
+
+
+async def forward(
+    svc: Services,
+    out: Outgoing,
+    client_gone: asyncio.Future[None],
+    facts: RequestFacts,
+    prepared: Prepared | None = None,
+) -> Sent:
+    """Send ``out`` (the ``prepared`` request's, when it carries a prompt) to its engine;
+    cancels ``client_gone`` when that fails."""
+    try:
+        if prepared is None:
+            upstream = svc.upstream
+            response = await upstream.forward(
+                out.method, out.path, out.headers, out.body, client_gone
+            )
+            return Sent(response, {}, upstream.transport.failure)
+        lone = svc.upstream.lone
+        if lone is not None and lone not in svc.gates:
+            return await _send_alone(svc, lone, out, client_gone, facts, prepared)
+        return await _send_routed(svc, out, client_gone, facts, prepared)
+    except BaseException:
+        client_gone.cancel()
+        raise
+
+
+async def _send_alone(
+    svc: Services,
+    engine: Engine,
+    out: Outgoing,
+    client_gone: asyncio.Future[None],
+    facts: RequestFacts,
+    prepared: Prepared,
+) -> Sent:
+    transport = svc.upstream.transport
+    facts.engine = engine.label
+    started = time.perf_counter()
+    response = await transport.send(
+        engine, out.method, out.path, out.headers, out.body, client_gone
+    )
+    return Sent(
+        response,
+        prepared.headers,
+        transport.failure,
+        prepared=prepared,
+        metrics=svc.metrics,
+        facts=facts,
+        started=started,
+    )
+
+
+async def _send_routed(
+    svc: Services,
+    out: Outgoing,
+    client_gone: asyncio.Future[None],
+    facts: RequestFacts,
+    prepared: Prepared,
+) -> Sent:
+    """Routed, admitted on its engine's gate, sent; failed over once on a refusal."""
+    upstream = svc.upstream
+    transport = upstream.transport
+    gates = svc.gates
+    allowance = prepared.allowance
+    # The most KV this request can hold: its prompt and n whole completions.
+    need = Need(prepared.forwarded_tokens, prepared.reserve, allowance.n if allowance else 1)
+    key = prepared.session_key
+
+    async def attempt(engine: Engine) -> Sent:
+        gate = gates.get(engine)
+        reservation = None
+        facts.engine = engine.label
+        if gate is not None:
+            reservation = await gate.admit_while_connected(need, client_gone)
+        engine.in_flight += 1
+        started = time.perf_counter()
+        try:
+            response = await transport.send(
+                engine, out.method, out.path, out.headers, out.body, client_gone
+            )
+        except BaseException:
+            engine.in_flight -= 1
+            if reservation is not None:
+                reservation.release()
+            raise
+        sent = Sent(
+            response,
+            prepared.headers,
+            transport.failure,
+            engine,
+            reservation,
+            prepared=prepared,
+            metrics=svc.metrics,
+            facts=facts,
+            started=started,
+        )
+        if gate is not None and reservation is not None:
+            _watch(sent, gate, reservation, need, prepared)
+        return sent
+
+    order = upstream.order(key)
+    sent, engine = await failover(order, attempt, connection_failed)
+    if engine is not order[0]:
+        upstream.router.retried(key, engine)
+    return sent
+
+
+def _watch(
+    sent: Sent, gate: KvAdmission, reservation: Reservation, need: Need, prepared: Prepared
+) -> None:
+    """The admission wait in the headers; a watch on an answer told no limit, which the
+    engine may let outgrow its reservation."""
+    sent.headers = {**sent.headers, **wait_header(reservation)}
+    allowance = prepared.allowance
+    if allowance is None or allowance.bounded or not reservation.charge:
+        return
+    request = prepared.request
+    stream = request is not None and request.stream
+    usage = stream and request is not None and asks_usage(request.body)
+    sent.watch = AnswerWatch(gate, reservation, need, stream, usage)
+    if stream:
+        sent.on_chunk = sent.watch.on_chunk
