@@ -44,31 +44,14 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        # One upstream per distinct URL, one counter per (tokenizer, upstream): the
-        # top level's, and those of the models file (proxy.models).
-        # Each engine is built with its labels and KV gate (proxy.fleet).
         fleet = Fleet(metrics)
-        try:
-            table = await build_routes(
-                settings, load_models(settings), count_upstream_error, fleet.factory
-            )
-        except BaseException:
-            await fleet.aclose()
-            raise
-        counter = table.default.counter
-        try:
-            sessions = build_sessions(settings, metrics)  # None: no session limit is set
-            if sessions is not None:
-                await sessions.start()
-        except BaseException:
-            await fleet.aclose()
-            await table.aclose()
-            raise
+        table, sessions = await _build(settings, metrics, fleet)
         for upstream in table.upstreams:
             await upstream.start_discovery()  # dns+http:// upstreams: their engines now
         # Each engine's scraper; each upstream's health prober.
         fleet.start(table)
         app.state.services = _services(settings, metrics, table, sessions, fleet.gates)
+        counter = table.default.counter
         log.info("trimproxy ready: upstream %s, tokenizer %s", settings.upstream_url, counter.name)
         if serving:
             settle_heap()
@@ -80,9 +63,6 @@ def create_app(
                 await sessions.aclose()
             metrics.close()
             await table.aclose()
-
-    def count_upstream_error(kind: str) -> None:
-        metrics.upstream_errors.labels(kind).inc()
 
     app = FastAPI(
         title="trimproxy",
@@ -110,6 +90,36 @@ def create_app(
         app.add_middleware(ApiKeys, keys=settings.api_key_set)
     app.add_middleware(Accounting, metrics=metrics)
     return app
+
+
+async def _build(
+    settings: Settings, metrics: Metrics, fleet: Fleet
+) -> tuple[ModelRoutes, Sessions | None]:
+    """The route table and the session gate; what was built is closed on a failure.
+
+    One upstream per distinct URL, one counter per (tokenizer, upstream): the top
+    level's, and those of the models file (proxy.models); each engine built with its
+    labels and KV gate (proxy.fleet).
+    """
+
+    def count_upstream_error(kind: str) -> None:
+        metrics.upstream_errors.labels(kind).inc()
+
+    try:
+        models = load_models(settings)
+        table = await build_routes(settings, models, count_upstream_error, fleet.factory)
+    except BaseException:
+        await fleet.aclose()
+        raise
+    try:
+        sessions = build_sessions(settings, metrics)  # None: no session limit is set
+        if sessions is not None:
+            await sessions.start()
+    except BaseException:
+        await fleet.aclose()
+        await table.aclose()
+        raise
+    return table, sessions
 
 
 def settle_heap() -> None:

@@ -5,7 +5,7 @@ Every error the proxy itself raises is a ``ProxyError`` and renders as
 (sizes, limits, field names), never from ``str(exc)``, so no path or trace leaks.
 The HTTP client's failures are translated to these here (``upstream_failure`` on the
 way to an answer's head, ``broken_off`` in its body), and counted in one place, the
-``Upstream.failure`` that calls them.
+``Transport.failure`` that calls them.
 """
 
 from __future__ import annotations

@@ -203,9 +203,12 @@ async def _recount(svc: Services, chat: ChatRequest, kept: Sequence[int]) -> int
 
 
 def floor_if_surely_too_long(
-    svc: Services, chat: ChatRequest, budget: int, body_bytes: int
+    svc: Services, chat: ChatRequest, budget: int | None, raw: bytes
 ) -> int | None:
     """The cheap floor (``proxy.floor``) when it is over the budget, before counting."""
+    if budget is None:
+        return None
+    body_bytes = len(raw)
     longest = svc.counter.max_token_chars
     # The floor counts characters of the body's text, never more than its bytes: a
     # body that small cannot be over, and most are, so they skip the scan.
@@ -243,6 +246,37 @@ async def _session_step(
     return admission.history_start
 
 
+def _long_model_name(model: str, most: int) -> InvalidRequest:
+    return InvalidRequest(
+        f"'model' is {len(model)} characters long; this proxy accepts names of at most "
+        f"{most} (TRIMPROXY_MAX_MODEL_NAME_LENGTH). Use a model name from GET /v1/models.",
+        param="model",
+    )
+
+
+async def _trimmed(
+    svc: Services,
+    chat: ChatRequest,
+    count: PromptCount,
+    limit: PromptLimit | None,
+    history_start: int,
+) -> tuple[TrimResult, int]:
+    """What to keep of a prompt over its budget or turn limit, and its count (proved
+    by a recount for a counter that is not additive)."""
+    settings = svc.settings
+    policy = TrimPolicy(
+        budget=None if limit is None else limit.budget,
+        target=settings.trim_target,
+        max_history_turns=settings.max_history_turns,
+        pin_first_user=settings.pin_first_user,
+        limit=limit,
+    )
+    result = trim(chat.messages, count, policy, history_start=history_start)
+    if svc.counter.additive:
+        return result, result.tokens
+    return await prove_fits(svc, chat, count, policy, history_start, result)
+
+
 async def prepare(
     chat: ChatRequest,
     raw: bytes,
@@ -251,35 +285,23 @@ async def prepare(
     facts: RequestFacts,
 ) -> Prepared:
     """Session, budget, count, trim: what to forward for ``chat`` (read from ``raw``).
-
-    ``headers`` are the request's, case-insensitive (Starlette's): its session
-    identity; ``facts`` is this request's access-log record, filled in as the facts
-    become known.
-    """
+    ``headers``: the request's, case-insensitive (its session identity); ``facts``: its
+    access-log record, filled in as the facts become known."""
     settings = svc.settings
     # Before anything keeps or logs it: the name is the client's, of any length.
     if chat.model is not None and len(chat.model) > settings.max_model_name_length:
-        raise InvalidRequest(
-            f"'model' is {len(chat.model)} characters long; this proxy accepts names of "
-            f"at most {settings.max_model_name_length} (TRIMPROXY_MAX_MODEL_NAME_LENGTH). "
-            "Use a model name from GET /v1/models.",
-            param="model",
-        )
+        raise _long_model_name(chat.model, settings.max_model_name_length)
     facts.model = chat.model
 
-    history_start = 0
-    out: dict[str, str] = {}
+    history_start, out = 0, dict[str, str]()
     ident = session_identity(svc, headers, chat)
     if ident is not None and svc.sessions is not None:
         history_start = await _session_step(svc, ident, chat, facts, out)
     upstream, allowance = apply_allowance(svc, chat, out)
-
     limit = await limit_for(svc, chat, allowance)
     budget = None if limit is None else limit.budget
-    if limit is not None:
-        floor = floor_if_surely_too_long(svc, chat, limit.budget, len(raw))
-        if floor is not None:
-            raise context_length_exceeded(floor, limit, at_least=True)
+    if limit is not None and (floor := floor_if_surely_too_long(svc, chat, budget, raw)):
+        raise context_length_exceeded(floor, limit, at_least=True)
     count = await svc.counter.count(chat.messages, tools=chat.tools, model=chat.model)
     metrics = await model_series(svc, chat.model)
     metrics.prompt_received.observe(count.total)
@@ -288,17 +310,7 @@ async def prepare(
     if fits_whole(count.total, budget, settings.max_history_turns, history_start):
         forwarded, dropped, body = count.total, 0, untrimmed(raw, chat, upstream)
     else:
-        policy = TrimPolicy(
-            budget=budget,
-            target=settings.trim_target,
-            max_history_turns=settings.max_history_turns,
-            pin_first_user=settings.pin_first_user,
-            limit=limit,
-        )
-        result = trim(chat.messages, count, policy, history_start=history_start)
-        forwarded = result.tokens
-        if not svc.counter.additive:
-            result, forwarded = await prove_fits(svc, chat, count, policy, history_start, result)
+        result, forwarded = await _trimmed(svc, chat, count, limit, history_start)
         dropped = result.dropped(len(chat.messages))
         if dropped:
             reason = result.reason or "budget"
@@ -307,8 +319,7 @@ async def prepare(
         else:
             body = untrimmed(raw, chat, upstream)
     metrics.prompt_forwarded.observe(forwarded)
-    facts.prompt_tokens_forwarded = forwarded
-    facts.messages_dropped = dropped
+    facts.prompt_tokens_forwarded, facts.messages_dropped = forwarded, dropped
     out[PROMPT_TOKENS] = str(forwarded)
     out[TRIMMED_MESSAGES] = str(dropped)
     return Prepared(

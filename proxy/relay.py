@@ -47,7 +47,7 @@ _RESPONSE_DROP = frozenset(
 )
 
 #: The error for an upstream answer that broke off mid-body (``exc``: what the HTTP
-#: client raised, on the answer given), counted: ``Upstream.failure``.
+#: client raised, on the answer given), counted: ``Transport.failure``.
 FailureMap = Callable[[BaseException, aiohttp.ClientResponse], ProxyError]
 
 

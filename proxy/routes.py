@@ -37,6 +37,7 @@ from proxy.prepare import prepare
 from proxy.relay import STREAM_WATCH_DELAY, WATCH_DELAY, Relay, watch_disconnect
 from proxy.types import JSON_MEDIA_TYPE
 from proxy.upstream import Readiness, Upstream
+from proxy.upstream.readiness import ready as upstream_ready
 
 CHAT_PATH = "/v1/chat/completions"
 # A non-streaming answer up to this size is kept to compare usage with the count.
@@ -240,7 +241,7 @@ async def readyz(request: Request) -> Response:
     settings = svc.settings
     try:
         async with asyncio.timeout(settings.ready_timeout):
-            readiness = await svc.upstream.ready()
+            readiness = await upstream_ready(svc.upstream)
     except TimeoutError:
         readiness = Readiness(
             False,

@@ -171,25 +171,7 @@ def trim(
         least = fixed + acc[-1] - (acc[starts[-1]] if starts else acc[-1])
         if least > policy.budget:
             raise context_length_exceeded(least, policy.limit or PromptLimit(policy.budget))
-    reason: str | None = None
-
-    # Turns the replay may drop, oldest first: [first_droppable, len(starts)). The
-    # last turn is never dropped (the replay stops at it); a leading non-user turn
-    # goes with the first cut, so the kept history always starts with a user message
-    # once anything was dropped.
-    first_droppable = 0
-    pinned: int | None = None
-    if policy.pin_first_user:
-        first_user = 0 if first_is_user else 1
-        if first_user < len(starts) - 1:
-            pinned = first_user
-    if history_start > 0 and starts:
-        reset_turn = next((i for i, s in enumerate(starts) if s >= history_start), len(starts) - 1)
-        if reset_turn > 0:
-            first_droppable = reset_turn
-            reason = "session"
-            if pinned is not None and pinned < reset_turn:
-                pinned = None  # a reset drops the whole earlier history, pins included
+    first_droppable, pinned, reason = _droppable(starts, first_is_user, policy, history_start)
     cut_reason, first_kept, tokens = _choose(
         acc, per, starts, first_is_user, fixed, first_droppable, pinned, policy
     )
@@ -212,6 +194,34 @@ def trim(
     if len(kept) == n:
         reason = None
     return TrimResult(kept, tokens, reason)
+
+
+def _droppable(
+    starts: Sequence[int], first_is_user: bool, policy: TrimPolicy, history_start: int
+) -> tuple[int, int | None, str | None]:
+    """The first turn the replay may drop, the pinned turn, and ``session`` when a
+    session's reset point drops turns whatever the budget.
+
+    Turns the replay may drop, oldest first: [first_droppable, len(starts)). The last
+    turn is never dropped (the replay stops at it); a leading non-user turn goes with
+    the first cut, so the kept history always starts with a user message once
+    anything was dropped.
+    """
+    first_droppable = 0
+    reason: str | None = None
+    pinned: int | None = None
+    if policy.pin_first_user:
+        first_user = 0 if first_is_user else 1
+        if first_user < len(starts) - 1:
+            pinned = first_user
+    if history_start > 0 and starts:
+        reset_turn = next((i for i, s in enumerate(starts) if s >= history_start), len(starts) - 1)
+        if reset_turn > 0:
+            first_droppable = reset_turn
+            reason = "session"
+            if pinned is not None and pinned < reset_turn:
+                pinned = None  # a reset drops the whole earlier history, pins included
+    return first_droppable, pinned, reason
 
 
 def _choose(

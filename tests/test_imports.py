@@ -11,6 +11,7 @@ edge, so a package's ``__init__`` may re-export its own submodules.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -140,3 +141,64 @@ def test_every_test_folder_is_a_package() -> None:
 def test_test_modules_are_imported_by_package_name() -> None:
     # One import mode for all of tests/: the default, by package (not importlib).
     assert __name__ == "tests.test_imports"
+
+
+ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
+
+
+def node_of(module: str) -> str:
+    """The top-level module or folder of ``proxy`` that ``module`` belongs to."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "__init__.py"
+    return parts[1] + ("/" if (PACKAGE / parts[1]).is_dir() else ".py")
+
+
+def module_map(text: str) -> list[list[str]]:
+    """The rows of the module map (docs/architecture.md §2), top layer first: the names
+    each row's first cell gives."""
+    section = text.split("## 2. Module map", 1)[1].split("\n## ", 1)[0]
+    rows = []
+    for line in section.splitlines():
+        if line.startswith("| `"):
+            first = line.split("|")[1]
+            rows.append(re.findall(r"`([^`]+)`", first))
+    return rows
+
+
+def folder_edges(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    return {
+        (node_of(a), node_of(b))
+        for a, targets in graph.items()
+        for b in targets
+        if node_of(a) != node_of(b)
+    }
+
+
+def layer_breaches(rows: list[list[str]], edges: set[tuple[str, str]]) -> list[str]:
+    """Each import that does not go to a row below its own."""
+    layer = {name: i for i, row in enumerate(rows) for name in row}
+    return sorted(f"{a} -> {b}" for a, b in edges if layer[a] >= layer[b])
+
+
+def test_layer_check_finds_an_upward_import() -> None:
+    rows = [["a.py"], ["b/", "c.py"]]
+    assert layer_breaches(rows, {("a.py", "b/")}) == []
+    assert layer_breaches(rows, {("b/", "a.py")}) == ["b/ -> a.py"]
+    assert layer_breaches(rows, {("b/", "c.py")}) == ["b/ -> c.py"]
+
+
+def test_the_module_map_names_every_module_and_folder() -> None:
+    named = [name for row in module_map(ARCHITECTURE.read_text("utf-8")) for name in row]
+    present = {node_of(m) for m in _modules()}
+    assert sorted(present - set(named)) == [], "add these to docs/architecture.md §2"
+    assert sorted(set(named) - present) == [], "docs/architecture.md §2 names what is gone"
+    assert len(named) == len(set(named)), "a module named twice in the module map"
+
+
+def test_imports_follow_the_module_map() -> None:
+    rows = module_map(ARCHITECTURE.read_text("utf-8"))
+    breaches = layer_breaches(rows, folder_edges(import_graph()))
+    assert not breaches, "imports against the layer order of docs/architecture.md §2: " + (
+        ", ".join(breaches)
+    )

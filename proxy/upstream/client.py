@@ -27,7 +27,6 @@ from proxy.engines.served import ServedModel, merge_served
 from proxy.errors import NoEngineAvailable
 from proxy.settings import Settings
 from proxy.upstream.calls import (
-    Readiness,
     Tokenized,
     UpstreamCallFailed,
     call_unreached,
@@ -262,45 +261,6 @@ class Upstream:
         engine = engine or self.engines.all()[0]
         raw = await self.call("GET", "/metrics", max_bytes=max_bytes, timeout=bound, engine=engine)
         return raw.decode("utf-8", errors="replace")
-
-    async def ready(self) -> Readiness:
-        """Whether the upstream serves us: every engine's ``GET /v1/models``; ready when
-        one of them is (the detail says how many)."""
-        engines = self.engines.all()
-        if len(engines) == 1:
-            return await self.engine_ready(engines[0])
-        answers = await asyncio.gather(*(self.engine_ready(e) for e in engines))
-        up = sum(a.ready for a in answers)
-        detail = f"{up} of {len(engines)} engines answer GET /v1/models"
-        down = [
-            f"{e.label}: {a.detail}" for e, a in zip(engines, answers, strict=True) if not a.ready
-        ]
-        if down:
-            detail += "; " + "; ".join(down[:8])
-        return Readiness(up > 0, detail, up, len(engines))
-
-    async def engine_ready(self, engine: Engine) -> Readiness:
-        """Whether ``engine`` serves us: ``GET /v1/models`` with the key.
-
-        401/403 is not ready (the key is missing or wrong: nothing would be trimmed
-        and every request would fail), nor is a 5xx or no answer at all.
-        """
-        try:
-            await self.call("GET", "/v1/models", engine=engine)
-        except UpstreamCallFailed as exc:
-            if exc.status is None:
-                return Readiness(False, f"GET /v1/models got no answer ({exc.reason})", 0)
-            if exc.status in (401, 403):
-                return Readiness(
-                    False,
-                    f"GET /v1/models answered HTTP {exc.status}: set TRIMPROXY_UPSTREAM_API_KEY "
-                    "to the key the upstream expects",
-                    0,
-                )
-            if exc.status >= 500:
-                return Readiness(False, f"GET /v1/models answered HTTP {exc.status}", 0)
-            return Readiness(True, f"GET /v1/models answered HTTP {exc.status}")
-        return Readiness(True, "GET /v1/models answered HTTP 200")
 
     async def start_discovery(self) -> None:
         """A ``dns+http://`` upstream's first lookup (awaited: the engines are known when

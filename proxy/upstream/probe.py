@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from proxy.background import Background
 from proxy.engines.engine import FIRST_RETRY, Engine
 from proxy.upstream.client import Upstream
+from proxy.upstream.readiness import engine_ready
 
 log = logging.getLogger("trimproxy.engines")
 
@@ -72,7 +73,7 @@ class Prober:
         asked_in = engine.health.epoch
         try:
             async with asyncio.timeout(self._timeout):
-                readiness = await self._upstream.engine_ready(engine)
+                readiness = await engine_ready(self._upstream, engine)
             ok, why = readiness.ready, readiness.detail
         except TimeoutError:
             ok, why = False, f"no answer within {self._timeout:g} s"

@@ -29,6 +29,7 @@ from proxy.sim.tokenizer import prompt_ids
 from proxy.tokens import ApproxCounter, build_counter
 from proxy.tokens.vllm import VllmCounter
 from proxy.upstream import ContextWindows, Upstream
+from proxy.upstream.readiness import ready
 from tests.support.inprocess import make_settings, running_proxy
 
 KEY = "sk-upstream-secret"
@@ -174,12 +175,12 @@ async def test_readyz_on_5xx_and_on_no_answer(locked_sim: LockedSim) -> None:
         )
         assert armed.status_code == 200, armed.text
     async with client_for(settings(locked_sim, KEY)) as upstream:
-        readiness = await upstream.ready()
+        readiness = await ready(upstream)
         assert not readiness.ready and "503" in readiness.detail
-        assert (await upstream.ready()).ready  # the failure was for one request
+        assert (await ready(upstream)).ready  # the failure was for one request
     nowhere = make_settings("http://127.0.0.1:9", upstream_metrics_interval=0)
     async with client_for(nowhere) as upstream:
-        readiness = await upstream.ready()
+        readiness = await ready(upstream)
     assert not readiness.ready and "no answer" in readiness.detail
 
 
