@@ -51,6 +51,9 @@ class Plan:
     #: The assistant message the answer becomes in the next turn's prompt (one
     #: plain-text choice only), so its blocks can be cached as vLLM caches them.
     answer: str | None = None
+    #: The prompt tokens found in the prefix cache, known once the request is admitted
+    #: (``generation.generate`` sets it): the Responses API reports them as usage.
+    cached_tokens: int = 0
 
 
 class Dialect:

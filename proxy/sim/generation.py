@@ -138,6 +138,7 @@ async def generate(
             await _sleep_watching(request, clock, cfg.delay_seconds)
         seq = await _admit(request, state, plan)
         state.prompt_tokens_total += plan.prompt_tokens
+        plan.cached_tokens = seq.hit_tokens
         if record is not None:
             record.cached_tokens = seq.hit_tokens
         await _prefill(request, state, seq)

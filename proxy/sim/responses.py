@@ -1,192 +1,252 @@
-"""vLLM's ``POST /v1/responses``, minimally: text in, one assistant message out.
+"""vLLM 0.32's ``POST /v1/responses`` (``openai/responses/serving.py``, ``protocol.py``,
+``api_router.py``), as a vLLM started without a tool parser, a reasoning parser or
+``VLLM_ENABLE_RESPONSES_API_STORE`` answers it: one assistant ``message`` out.
 
-``input`` is a string or a list of messages (``content`` a string or
-``input_text`` parts), ``instructions`` a system message before them,
-``max_output_tokens`` the completion bound. The answer has the shape of vLLM's
-``ResponsesResponse`` (``object: "response"``, one ``message`` output item with one
-``output_text`` part, ``usage`` with ``input_tokens``/``output_tokens``); with
-``stream: true`` it is the event stream of the Responses API (``response.created``,
-``response.output_text.delta`` per token, ..., ``response.completed``). Tools and
-stored responses (``previous_response_id``) are refused with a 400, not ignored.
+The input becomes chat messages (``responses_input.py``), counted and cached like a
+chat prompt (``prompt.py``). The response store is off, as it is by default:
+``store: true`` is silently not stored, ``background: true`` is refused (400),
+``previous_response_id`` and ``GET /v1/responses/{id}`` are 404 ("not found"), and
+``DELETE`` is no route of vLLM's (405). ``tools`` are accepted and echoed (the sim's
+tokenizer does not render them, as for chat); with no tool parser the answer is text.
+
+The stream is vLLM's: ``event: TYPE`` and ``data: {...}`` per event, with
+``sequence_number`` from 0; ``response.created``, ``response.in_progress``,
+``response.output_item.added``, ``response.content_part.added``, one
+``response.output_text.delta`` per token, ``response.output_text.done``,
+``response.content_part.done``, ``response.output_item.done``, and always
+``response.completed`` (its response's status ``incomplete`` when cut short).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
+from itertools import count
 from typing import Any
 
 import orjson
 from aiohttp import web
 
-from proxy.sim.dialect import Plan, SimError, completion_text, rand_id
-from proxy.sim.generation import generate
+from proxy.sim import prompt
+from proxy.sim.config import SimConfig
+from proxy.sim.dialect import Dialect, Plan, SimError, completion_text
+from proxy.sim.generation import JSON_TYPE, generate
+from proxy.sim.responses_input import Refuse, chat_messages
+from proxy.sim.routes import read_json
 from proxy.sim.state import STATE
-from proxy.sim.tokenizer import prompt_tokens
+
+_NO_STORE = (
+    "This vLLM engine does not support `store=True` and therefore does not support the "
+    "background mode. To enable these features, set the environment variable "
+    "`VLLM_ENABLE_RESPONSES_API_STORE=1` when launching the vLLM server."
+)
 
 
-def _messages(cfg_error: Any, payload: dict[str, Any]) -> list[dict[str, Any]]:
-    messages: list[dict[str, Any]] = []
-    instructions = payload.get("instructions")
-    if isinstance(instructions, str) and instructions:
-        messages.append({"role": "system", "content": instructions})
-    given = payload.get("input")
-    if isinstance(given, str):
-        return [*messages, {"role": "user", "content": given}]
-    if not isinstance(given, list) or not given:
-        raise cfg_error("input: Field required (a string or a list of messages)", "input")
-    for item in given:
-        if not isinstance(item, dict) or not isinstance(item.get("role"), str):
-            raise cfg_error("input: each item must be a message with a role", "input")
-        content = item.get("content")
-        if isinstance(content, list):
-            texts = [p.get("text") for p in content if isinstance(p, dict)]
-            content = "".join(t for t in texts if isinstance(t, str))
-        messages.append({"role": item["role"], "content": content})
-    return messages
+def uuid_hex() -> str:
+    """vLLM's ``random_uuid()``: 16 hex digits."""
+    return os.urandom(8).hex()
+
+
+def _not_found(dialect: Dialect, cfg: SimConfig, response_id: str) -> SimError:
+    return dialect.error(cfg, 404, f"Response with id '{response_id}' not found.",
+                         kind="invalid_request_error", param="response_id")  # fmt: skip
+
+
+def _or(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
+@dataclass
+class _Answer:
+    """One response: its JSON body and its event stream."""
+
+    payload: dict[str, Any]
+    plan: Plan
+    bound: int
+    tool_choice: Any
+    rid: str = field(default_factory=lambda: f"resp_{uuid_hex()}")
+    mid: str = field(default_factory=lambda: f"msg_{uuid_hex()}")
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def words(self) -> list[str]:
+        words = completion_text(self.plan.completion_tokens)
+        return [words[0].lstrip(), *words[1:]] if words else []
+
+    @property
+    def text(self) -> str:
+        return "".join(self.words)
+
+    def response(self, status: str, output: list[Any], usage: Any) -> dict[str, Any]:
+        """vLLM's ``ResponsesResponse.from_request``, fields in its order."""
+        p = self.payload
+        return {
+            "id": self.rid, "created_at": self.created,
+            "incomplete_details": {"reason": "max_output_tokens"}
+            if status == "incomplete" else None,
+            "instructions": p.get("instructions"), "metadata": p.get("metadata"),
+            "model": self.plan.model, "object": "response", "output": output,
+            "parallel_tool_calls": _or(p.get("parallel_tool_calls"), True),
+            "temperature": _or(p.get("temperature"), 1.0), "tool_choice": self.tool_choice,
+            "tools": p.get("tools") or [], "top_p": _or(p.get("top_p"), 1.0),
+            "background": False, "max_output_tokens": self.bound,
+            "max_tool_calls": p.get("max_tool_calls"), "previous_response_id": None,
+            "prompt": None, "reasoning": p.get("reasoning"),
+            "service_tier": _or(p.get("service_tier"), "auto"), "status": status,
+            "text": p.get("text"), "top_logprobs": None,
+            "truncation": _or(p.get("truncation"), "disabled"), "usage": usage,
+            "user": p.get("user"),
+            "presence_penalty": _or(p.get("presence_penalty"), 0.0),
+            "frequency_penalty": _or(p.get("frequency_penalty"), 0.0),
+            "kv_transfer_params": None, "ec_transfer_params": None,
+            "input_messages": None, "output_messages": None,
+        }  # fmt: skip
+
+    def usage(self) -> dict[str, Any]:
+        prompt_tokens, output = self.plan.prompt_tokens, self.plan.completion_tokens
+        return {
+            "input_tokens": prompt_tokens,
+            "input_tokens_details": {"cached_tokens": self.plan.cached_tokens,
+                                     "cache_write_tokens": 0, "input_tokens_per_turn": [],
+                                     "cached_tokens_per_turn": []},
+            "output_tokens": output,
+            "output_tokens_details": {"reasoning_tokens": 0, "tool_output_tokens": 0,
+                                      "output_tokens_per_turn": [],
+                                      "tool_output_tokens_per_turn": []},
+            "total_tokens": prompt_tokens + output,
+        }  # fmt: skip
+
+    def part(self, text: str, logprobs: list[Any] | None) -> dict[str, Any]:
+        return {"annotations": [], "text": text, "type": "output_text", "logprobs": logprobs}
+
+    def item(self, status: str, content: list[Any]) -> dict[str, Any]:
+        # The item is "completed" even when the response is not (vLLM's wording).
+        return {"id": self.mid, "content": content, "role": "assistant", "status": status,
+                "type": "message", "phase": None}  # fmt: skip
+
+    def final(self, streamed: bool) -> dict[str, Any]:
+        """The finished response; streamed, its output is the items streamed (none when
+        no text came), else one message whatever its text."""
+        status = "incomplete" if self.plan.finish_reason == "length" else "completed"
+        text = self.text
+        content = [self.part(text, None)] if text else []
+        output = [self.item("completed", content)] if text or not streamed else []
+        return self.response(status, output, self.usage())
+
+    def body(self) -> bytes:
+        return orjson.dumps(self.final(streamed=False))
+
+    def events(self) -> Iterator[bytes]:
+        """One yield before the first token, one per token, then the tail."""
+        numbers = count()
+
+        def event(kind: str, **fields: Any) -> bytes:
+            # The SDK's event models list their fields alphabetically; so does vLLM's JSON.
+            data = dict(sorted({**fields, "type": kind, "sequence_number": next(numbers)}.items()))
+            return f"event: {kind}\ndata: ".encode() + orjson.dumps(data) + b"\n\n"
+
+        where = {"item_id": self.mid, "output_index": 0, "content_index": 0}
+        opening = self.response("in_progress", [], None)
+        head = [event("response.created", response=opening),
+                event("response.in_progress", response=opening)]  # fmt: skip
+        if self.words:
+            head.append(event("response.output_item.added", output_index=0,
+                              item=self.item("in_progress", [])))  # fmt: skip
+            head.append(event("response.content_part.added", **where, part=self.part("", [])))
+        yield b"".join(head)
+        for word in self.words:
+            yield event("response.output_text.delta", **where, delta=word, logprobs=[])
+        tail = []
+        if self.words:
+            text = self.text
+            tail.append(event("response.output_text.done", **where, text=text, logprobs=[]))
+            tail.append(event("response.content_part.done", **where, part=self.part(text, None)))
+            tail.append(event("response.output_item.done", output_index=0,
+                              item=self.item("completed", [self.part(text, None)])))  # fmt: skip
+        tail.append(event("response.completed", response=self.final(streamed=True)))
+        yield b"".join(tail)
 
 
 async def responses(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
-    cfg = state.config
-    dialect = state.dialect
+    cfg, dialect = state.config, state.dialect
+    payload = await read_json(request, state)
 
-    def bad(message: str, param: str | None) -> SimError:
-        return dialect.error(cfg, 400, message, kind="BadRequestError", param=param)
+    def invalid(message: str, param: str | None) -> SimError:
+        return dialect.error(cfg, 400, message, kind="Bad Request", param=param)
 
-    try:
-        payload = orjson.loads(await request.read())
-    except orjson.JSONDecodeError as exc:
-        raise dialect.invalid(cfg, f"JSON decode error: {exc}") from None
-    if not isinstance(payload, dict):
-        raise dialect.invalid(cfg, "Input should be a valid dictionary")
-    for unsupported in ("tools", "previous_response_id"):
-        if payload.get(unsupported):
-            raise bad(f"the simulated upstream does not support `{unsupported}`", unsupported)
+    def refuse(message: str, param: str | None) -> SimError:
+        return prompt.validation_error(dialect, cfg, message, param)
+
+    tool_choice = _tool_choice(payload, invalid)
+    if payload.get("background") and payload.get("store") is False:
+        raise invalid("background can only be used when `store` is true", "background")
     model = dialect.check_model(cfg, payload.get("model"))
-    messages = _messages(bad, payload)
-    prompt = prompt_tokens(
-        messages, add_generation_prompt=True, bytes_per_token=cfg.bytes_per_token
-    )
-    if prompt >= cfg.max_model_len:
-        raise dialect.prompt_too_long(cfg, prompt)
-    limit = payload.get("max_output_tokens")
-    room = cfg.max_model_len - prompt
-    if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
-        room = min(room, limit)
-    tokens = min(cfg.completion_tokens, room)
-    incomplete = room <= cfg.completion_tokens  # as a chat answer's finish_reason length
-    plan = Plan(model, prompt, tokens, "length" if incomplete else "stop")
-    words = completion_text(tokens)
-    rid, mid, created = rand_id("resp_"), rand_id("msg_"), int(time.time())
+    if payload.get("background"):
+        raise dialect.error(cfg, 400, _NO_STORE, kind="invalid_request_error", param="background")
+    if payload.get("previous_response_id") is not None:
+        raise _not_found(dialect, cfg, str(payload["previous_response_id"]))
+    messages = chat_messages(payload, invalid, refuse)
+    asked = _max_output_tokens(dialect, cfg, payload, invalid)
+    counted = prompt.count(cfg, messages)
+    prompt.check_window(dialect, cfg, counted[0])
+    if counted[0] >= cfg.max_model_len:  # vLLM's own check for this route, after the renderer's
+        raise dialect.error(
+            cfg, 400, f"The engine prompt length {counted[0]} exceeds the max_model_len "
+            f"{cfg.max_model_len}. Please reduce prompt.", kind="invalid_request_error",
+            param="input",
+        )  # fmt: skip
+    bound = prompt.completion_bound(dialect, cfg, counted[0], asked)
+    plan = prompt.plan(cfg, model, counted, bound)
+    answer = _Answer(payload, plan, bound, tool_choice)
+    if plan.prompt_ids is not None:
+        plan.answer = answer.text
+    stream = answer.events() if payload.get("stream") else None
+    return await generate(request, plan, stream, answer.body)
 
-    def body(status: str, text: str, parts: bool = True) -> dict[str, Any]:
-        item = {
-            "id": mid,
-            "type": "message",
-            "role": "assistant",
-            "status": status,
-            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": None}]
-            if parts
-            else [],
-        }
-        done = status != "in_progress"
-        return {
-            "id": rid,
-            "object": "response",
-            "created_at": created,
-            "model": model,
-            "status": ("incomplete" if incomplete else "completed") if done else status,
-            "incomplete_details": {"reason": "max_output_tokens"} if done and incomplete else None,
-            "instructions": payload.get("instructions"),
-            "max_output_tokens": payload.get("max_output_tokens"),
-            "output": [item] if done else [],
-            "parallel_tool_calls": True,
-            "previous_response_id": None,
-            "reasoning": None,
-            "temperature": payload.get("temperature"),
-            "tool_choice": "auto",
-            "tools": [],
-            "top_p": payload.get("top_p"),
-            "truncation": "disabled",
-            "usage": {
-                "input_tokens": prompt,
-                "input_tokens_details": {"cached_tokens": 0},
-                "output_tokens": tokens,
-                "output_tokens_details": {"reasoning_tokens": 0},
-                "total_tokens": prompt + tokens,
-            }
-            if done
-            else None,
-            "user": None,
-        }
 
-    final = "incomplete" if incomplete else "completed"
-    text = "".join(words).lstrip()
+def _tool_choice(payload: dict[str, Any], invalid: Refuse) -> Any:
+    """The request's ``tool_choice`` as vLLM's ``check_tool_usage`` leaves it: "none"
+    when there are no tools (for "auto" too); "required" or a named tool without tools
+    refused."""
+    tools = payload.get("tools")
+    if tools is not None and not (
+        isinstance(tools, list) and all(isinstance(t, dict) and "type" in t for t in tools)
+    ):
+        raise invalid("tools: each tool needs a type", "tools")
+    choice = _or(payload.get("tool_choice"), "auto")
+    if tools:
+        return choice
+    if choice in ("auto", "none"):
+        return "none"
+    if choice == "required":
+        raise invalid("Tool choice 'required' must be specified with 'tools' parameter.",
+                      "tool_choice")  # fmt: skip
+    raise invalid("Tool choice 'function' not found in 'tools' parameter.", "tool_choice")
 
-    def events() -> Iterator[bytes]:
-        seq = iter(range(1 << 30))
 
-        def event(kind: str, **fields: Any) -> bytes:
-            data = {"type": kind, "sequence_number": next(seq), **fields}
-            return f"event: {kind}\ndata: ".encode() + orjson.dumps(data) + b"\n\n"
+def _max_output_tokens(
+    dialect: Dialect, cfg: SimConfig, payload: dict[str, Any], invalid: Refuse
+) -> int | None:
+    asked = payload.get("max_output_tokens")
+    if asked is None:
+        return None
+    if not isinstance(asked, int) or isinstance(asked, bool):
+        raise invalid("max_output_tokens: Input should be a valid integer", "max_output_tokens")
+    prompt.check_output_bound(dialect, cfg, asked, "max_output_tokens")
+    return asked
 
-        part: dict[str, Any] = {
-            "type": "output_text",
-            "text": "",
-            "annotations": [],
-            "logprobs": None,
-        }
-        yield b"".join(
-            [
-                event("response.created", response=body("in_progress", "")),
-                event("response.in_progress", response=body("in_progress", "")),
-                event(
-                    "response.output_item.added",
-                    output_index=0,
-                    item={
-                        "id": mid,
-                        "type": "message",
-                        "role": "assistant",
-                        "status": "in_progress",
-                        "content": [],
-                    },
-                ),
-                event(
-                    "response.content_part.added",
-                    item_id=mid,
-                    output_index=0,
-                    content_index=0,
-                    part=part,
-                ),
-            ]
-        )
-        for k, word in enumerate(words):
-            delta = word.lstrip() if k == 0 else word
-            yield event("response.output_text.delta", item_id=mid, output_index=0,
-                        content_index=0, delta=delta, logprobs=[])  # fmt: skip
-        item = body(final, text)["output"][0]
-        yield b"".join(
-            [
-                event(
-                    "response.output_text.done",
-                    item_id=mid,
-                    output_index=0,
-                    content_index=0,
-                    text=text,
-                    logprobs=[],
-                ),
-                event(
-                    "response.content_part.done",
-                    item_id=mid,
-                    output_index=0,
-                    content_index=0,
-                    part={**part, "text": text},
-                ),
-                event("response.output_item.done", output_index=0, item=item),
-                event(f"response.{final}", response=body(final, text)),
-            ]
-        )
 
-    stream = events() if payload.get("stream") else None
-    return await generate(request, plan, stream, lambda: orjson.dumps(body(final, text)))
+async def retrieve(request: web.Request) -> web.StreamResponse:
+    """``GET /v1/responses/{id}`` and ``POST /v1/responses/{id}/cancel``: with the
+    store off no response is ever found."""
+    state = request.app[STATE]
+    raise _not_found(state.dialect, state.config, request.match_info["response_id"])
+
+
+async def no_delete(request: web.Request) -> web.StreamResponse:
+    """vLLM has no ``DELETE`` on a response: FastAPI's 405 for the ``GET`` route."""
+    return web.Response(body=b'{"detail":"Method Not Allowed"}', status=405,
+                        content_type=JSON_TYPE, headers={"Allow": "GET"})  # fmt: skip

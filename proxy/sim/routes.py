@@ -26,7 +26,7 @@ def error_response(exc: SimError) -> web.Response:
     return json_response(exc.body, exc.status)
 
 
-async def _parse(request: web.Request, state: SimState) -> dict[str, Any]:
+async def read_json(request: web.Request, state: SimState) -> dict[str, Any]:
     try:
         payload = orjson.loads(await request.read())
     except orjson.JSONDecodeError as exc:
@@ -47,7 +47,7 @@ def _strings(state: SimState, value: Any, field: str) -> list[str]:
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
-    payload = await _parse(request, state)
+    payload = await read_json(request, state)
     dialect = state.dialect
     plan = dialect.plan_chat(state.config, payload)
     rid, created = new_chat_id(), int(time.time())
@@ -59,7 +59,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     """Legacy completions, minimal, with the same pacing and KV accounting as chat."""
     state = request.app[STATE]
     cfg = state.config
-    payload = await _parse(request, state)
+    payload = await read_json(request, state)
     prompts = _strings(state, payload.get("prompt"), "prompt")
     model = state.dialect.check_model(cfg, payload.get("model"))
     count = sum(raw_prompt_tokens(p, cfg.bytes_per_token) for p in prompts)
@@ -107,7 +107,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
 async def embeddings(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     cfg = state.config
-    payload = await _parse(request, state)
+    payload = await read_json(request, state)
     inputs = _strings(state, payload.get("input"), "input")
     model = state.dialect.check_model(cfg, payload.get("model"))
     count = sum(raw_prompt_tokens(i, cfg.bytes_per_token) for i in inputs)
@@ -137,6 +137,11 @@ async def models(request: web.Request) -> web.StreamResponse:
     return json_response(state.dialect.models(state.config))
 
 
+async def not_found(request: web.Request) -> web.StreamResponse:
+    """A route FastChat's server (a FastAPI app) does not have: FastAPI's 404 body."""
+    return json_response({"detail": "Not Found"}, 404)
+
+
 async def health(request: web.Request) -> web.StreamResponse:
     return web.Response()
 
@@ -157,7 +162,7 @@ async def tokenize(request: web.Request) -> web.StreamResponse:
     """vLLM ``POST /tokenize``: a chat (``messages``) or a plain ``prompt``."""
     state = request.app[STATE]
     cfg = state.config
-    payload = await _parse(request, state)
+    payload = await read_json(request, state)
     state.dialect.check_model(cfg, payload.get("model"))
     messages = payload.get("messages")
     if isinstance(messages, list):
@@ -181,7 +186,7 @@ async def token_check(request: web.Request) -> web.StreamResponse:
     """FastChat ``POST /api/v1/token_check``: counts raw prompt strings, no template."""
     state = request.app[STATE]
     cfg = state.config
-    payload = await _parse(request, state)
+    payload = await read_json(request, state)
     items = payload.get("prompts")
     if not isinstance(items, list):
         raise state.dialect.invalid(cfg, "prompts\n  Field required")

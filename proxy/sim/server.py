@@ -4,8 +4,12 @@ Routes, both dialects unless marked (``routes.py``):
 
 * ``GET /v1/models``; ``POST /v1/chat/completions`` (stream or not);
   ``POST /v1/completions``; ``POST /v1/embeddings``
-* vLLM: ``GET /health``, ``GET /metrics``, ``POST /tokenize``
-* FastChat: ``POST /api/v1/token_check``, ``POST /api/v1/chat/completions``
+* vLLM: ``GET /health``, ``GET /metrics``, ``POST /tokenize``; the Responses API
+  (``POST /v1/responses``, ``GET /v1/responses/{id}``: ``responses.py``) and the
+  Anthropic Messages API (``POST /v1/messages``, ``POST /v1/messages/count_tokens``:
+  ``messages.py``)
+* FastChat: ``POST /api/v1/token_check``, ``POST /api/v1/chat/completions``; the
+  Responses and Messages routes are FastAPI's 404
 * the sim's own, not recorded: ``/_sim/*`` (``control.py``)
 """
 
@@ -20,7 +24,7 @@ from collections.abc import Awaitable, Callable
 import orjson
 from aiohttp import web
 
-from proxy.sim import control, responses, routes
+from proxy.sim import control, messages, responses, routes
 from proxy.sim.clock import Clock
 from proxy.sim.config import SimConfig
 from proxy.sim.dialect import SimError
@@ -116,9 +120,16 @@ def build_app(config: SimConfig, clock: Clock | None = None) -> web.Application:
         router.add_post("/tokenize", routes.tokenize)
         router.add_post("/reset_prefix_cache", routes.reset_prefix_cache)
         router.add_post("/v1/responses", responses.responses)
+        router.add_get("/v1/responses/{response_id}", responses.retrieve)
+        router.add_delete("/v1/responses/{response_id}", responses.no_delete)
+        router.add_post("/v1/responses/{response_id}/cancel", responses.retrieve)
+        router.add_post("/v1/messages", messages.messages)
+        router.add_post("/v1/messages/count_tokens", messages.count_tokens)
     else:
         router.add_post("/api/v1/token_check", routes.token_check)
         router.add_post("/api/v1/chat/completions", routes.chat_completions)
+        for path in ("/v1/responses", "/v1/messages", "/v1/messages/count_tokens"):
+            router.add_post(path, routes.not_found)
     control.add_routes(router)
     return app
 

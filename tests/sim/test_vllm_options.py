@@ -1,7 +1,8 @@
 """The demo upstream answers the options users try first the way vLLM does (its
 ``chat_completion/protocol.py`` checks and ``serving.py`` shapes): ``n``,
-``logprobs``, ``response_format``, ``tool_choice``, ``max_tokens`` on streamed
-completions, and ``/v1/responses``. The official SDK parses each answer."""
+``logprobs``, ``response_format``, ``tool_choice`` and ``max_tokens`` on streamed
+completions. The official SDK parses each answer. (``/v1/responses``:
+``test_responses.py``.)"""
 
 from __future__ import annotations
 
@@ -185,27 +186,3 @@ def test_completions_respect_max_tokens_when_streamed(sim_upstream_factory: Star
     assert done["usage"]["completion_tokens"] == 4
     default = post(sim, "/v1/completions", {"prompt": "Once"}).json()
     assert default["usage"]["completion_tokens"] == 16  # vLLM's default max_tokens
-
-
-def test_responses(sim: SimUpstream) -> None:
-    body = {"input": "hello", "instructions": "Be brief.", "max_output_tokens": 3}
-    answer = post(sim, "/v1/responses", body).json()
-    assert answer["object"] == "response" and answer["id"].startswith("resp_")
-    assert answer["status"] == "incomplete"
-    assert answer["incomplete_details"] == {"reason": "max_output_tokens"}
-    (item,) = answer["output"]
-    assert item["type"] == "message" and item["role"] == "assistant"
-    assert item["content"][0]["type"] == "output_text"
-    assert answer["usage"]["output_tokens"] == 3
-    assert answer["usage"]["input_tokens"] == sim.requests("/v1/responses")[-1]["prompt_tokens"]
-    events = sse(post(sim, "/v1/responses", {"input": "hello", "stream": True}))
-    kinds = [e["type"] for e in events]
-    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
-    assert kinds.count("response.output_text.delta") == 5
-    assert [e["sequence_number"] for e in events] == list(range(len(events)))
-    with openai_client(sim) as client:
-        done = client.responses.create(model="sim-model", input="hello")
-        assert done.output_text == events[-1]["response"]["output"][0]["content"][0]["text"]
-        assert done.usage is not None and done.usage.output_tokens == 5
-    refused = post(sim, "/v1/responses", {"input": "hi", "tools": [{"type": "web_search"}]})
-    assert refused.status_code == 400
