@@ -29,6 +29,7 @@ from proxy.types import JSONObject
 
 __all__ = [
     "COMPLETION_FIELD",
+    "continues_final",
     "parse",
     "render",
     "stream_usage",
@@ -139,6 +140,16 @@ def _user(body: JSONObject) -> str | None:
         if isinstance(value, str) and value:
             return value
     return None
+
+
+def continues_final(conv: Conversation, kept: Sequence[int]) -> bool:
+    """Whether vLLM continues the last kept item instead of opening a new answer (no
+    generation prompt): a message or reasoning item left ``in_progress`` or
+    ``incomplete`` (``should_continue_final_message``)."""
+    last = conv.items[kept[-1]] if kept and kept[-1] >= conv.head else None
+    if not isinstance(last, dict) or last.get("type", "message") not in ("message", "reasoning"):
+        return False
+    return last.get("status") in ("in_progress", "incomplete")
 
 
 def render(

@@ -207,3 +207,12 @@ def test_usage() -> None:
     delta = {"type": "response.output_text.delta", "delta": "x"}
     assert responses.stream_usage(orjson.dumps(delta)) is None
     assert responses.stream_usage(b"[DONE]") is None
+
+
+def test_continues_final_for_a_partial_last_item() -> None:
+    partial = {"type": "message", "role": "assistant", "content": "Once", "status": "incomplete"}
+    conv = _parse({"instructions": "s", "input": [{"role": "user", "content": "go"}, partial]})
+    assert responses.continues_final(conv, [0, 1, 2])
+    assert not responses.continues_final(conv, [0, 1])
+    assert not responses.continues_final(conv, [0])
+    assert not responses.continues_final(_parse({"input": "x"}), [0])
