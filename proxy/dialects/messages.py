@@ -29,7 +29,15 @@ from proxy.dialects.messages_chat import chat_tools, to_chat
 from proxy.errors import InvalidRequest
 from proxy.types import JSONObject
 
-__all__ = ["COMPLETION_FIELD", "parse", "render", "stream_usage", "to_chat", "usage_of"]
+__all__ = [
+    "COMPLETION_FIELD",
+    "chat_tools",
+    "parse",
+    "render",
+    "stream_usage",
+    "to_chat",
+    "usage_of",
+]
 
 COMPLETION_FIELD = "max_tokens"
 _NEEDS = "'model', 'max_tokens' and 'messages'"
