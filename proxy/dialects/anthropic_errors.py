@@ -1,0 +1,42 @@
+"""Anthropic's error envelope, for answers on the Messages route.
+
+``{"type": "error", "error": {"type", "message"}}``, the type from the HTTP status as
+Anthropic's API reference lists them (400 and every unlisted 4xx
+``invalid_request_error``; 503 as ``overloaded_error``, which clients retry like 529).
+"""
+
+from __future__ import annotations
+
+import orjson
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    402: "billing_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+
+
+def error_type(status: int) -> str:
+    """Anthropic's error type for an HTTP status."""
+    if status in _TYPES:
+        return _TYPES[status]
+    return "invalid_request_error" if 400 <= status < 500 else "api_error"
+
+
+def envelope(status: int, message: str) -> bytes:
+    error = {"type": error_type(status), "message": message}
+    return orjson.dumps({"type": "error", "error": error})
+
+
+def too_long_message(tokens: int, maximum: int) -> str:
+    """Anthropic's wording for a prompt over the context window, which agent clients
+    match (Claude Code compacts the conversation on it)."""
+    return f"prompt is too long: {tokens} tokens > {maximum} maximum"

@@ -1,0 +1,158 @@
+"""The legacy completions dialect (``POST /v1/completions``): a raw prompt, no turns.
+
+Nothing is trimmable (``items`` is empty): the prompt is counted whole, capped,
+admitted and refused over the budget. ``prompt`` is a string, a list of strings, a
+list of token ids or a list of token-id lists; each prompt of a list is a request of
+its own to the engine, with ``n`` answers each. vLLM 0.32 has no ``best_of`` (the
+field is ignored), and ``echo`` only copies the prompt into the answer (no KV of its
+own); ``max_tokens`` 0 is allowed with ``echo`` (score the prompt, generate nothing),
+and vLLM reserves 16 tokens when it is absent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from proxy.dialects.conversation import (
+    Conversation,
+    answers,
+    common_fields,
+    count_of,
+    json_object,
+    load_object,
+    positive_int,
+)
+from proxy.errors import InvalidRequest
+from proxy.types import JSONObject, Message
+
+COMPLETION_FIELD = "max_tokens"
+#: vLLM's ``max_tokens`` for a completions request that names none.
+DEFAULT_MAX_TOKENS = 16
+
+_PROMPT_HELP = (
+    "'prompt' must be a string, a list of strings, a list of token ids or a list of token-id lists."
+)
+
+
+def parse(raw: bytes) -> Conversation:
+    body = load_object(raw, "'model' and 'prompt'")
+    model, stream = common_fields(body)
+    _check_prompt(body)
+    echo = body.get("echo")
+    if echo is not None and not isinstance(echo, bool):
+        raise InvalidRequest("'echo' must be true or false.", param="echo")
+    user = body.get("user")
+    asked = positive_int(body, COMPLETION_FIELD, zero=bool(echo))
+    return Conversation(
+        endpoint="completions",
+        body=body,
+        items=[],
+        roles=[],
+        head=0,
+        model=model,
+        stream=stream,
+        # 0 (with echo) still runs one engine step: vLLM asks for one token.
+        max_tokens=1 if asked == 0 else asked,
+        user=user if isinstance(user, str) and user else None,
+        tools=None,
+        n=answers(body),
+    )
+
+
+def _check_prompt(body: JSONObject) -> None:
+    prompt = body.get("prompt")
+    if prompt is None:
+        if body.get("prompt_embeds"):
+            return  # embeddings: nothing to count; the engine takes them as they are
+        raise InvalidRequest(f"'prompt' is required. {_PROMPT_HELP}", param="prompt")
+    if isinstance(prompt, str) or _kind(prompt) is not None:
+        return
+    raise InvalidRequest(_PROMPT_HELP, param="prompt")
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _kind(prompt: Any) -> str | None:
+    """``"texts"``, ``"ids"`` or ``"id_lists"`` for a well-formed list, else None. An
+    empty list is token ids, as vLLM reads it."""
+    if not isinstance(prompt, list):
+        return None
+    if all(_is_id(v) for v in prompt):
+        return "ids"
+    if all(isinstance(v, str) for v in prompt):
+        return "texts"
+    if all(isinstance(v, list) and all(_is_id(t) for t in v) for v in prompt):
+        return "id_lists"
+    return None
+
+
+def prompt_text(conv: Conversation) -> list[str] | None:
+    """The prompts as text, one per request the engine runs; None when they are token
+    ids (``prompt_ids_lengths``) or embeddings."""
+    prompt: Any = conv.body.get("prompt")
+    if isinstance(prompt, str):
+        return [prompt]
+    if _kind(prompt) == "texts":
+        return list(prompt)
+    return None
+
+
+def prompt_ids_lengths(conv: Conversation) -> list[int] | None:
+    """Each prompt's length where the prompts are token ids (their count is known
+    without a tokenizer); None for text."""
+    prompt: Any = conv.body.get("prompt")
+    kind = _kind(prompt)
+    if kind == "ids":
+        return [len(prompt)]
+    if kind == "id_lists":
+        return [len(ids) for ids in prompt]
+    return None
+
+
+def prompt_count(conv: Conversation) -> int:
+    """How many prompts (requests to the engine) the body holds."""
+    prompt: Any = conv.body.get("prompt")
+    return len(prompt) if _kind(prompt) in ("texts", "id_lists") else 1
+
+
+def echoes(conv: Conversation) -> bool:
+    return conv.body.get("echo") is True
+
+
+def to_chat(conv: Conversation, kept: Sequence[int]) -> tuple[list[Message], list[int]]:
+    """No chat messages: a raw prompt is counted as it is (``prompt_text``)."""
+    return [], []
+
+
+def render(conv: Conversation, kept: Sequence[int], max_tokens: int | None) -> bytes:
+    """The body to forward: as it came, with ``max_tokens`` written when given
+    (``kept`` is ignored: nothing is trimmable)."""
+    body = dict(conv.body)
+    if max_tokens is not None:
+        body[COMPLETION_FIELD] = max_tokens
+    return orjson.dumps(body)
+
+
+def usage_of(body: bytes) -> tuple[int | None, int | None]:
+    """(prompt tokens, completion tokens) of a JSON completion."""
+    answer = json_object(body)
+    return _usage(answer.get("usage") if answer is not None else None)
+
+
+def stream_usage(event_data: bytes) -> tuple[int | None, int | None] | None:
+    """The usage a streamed chunk carries (the last one, with
+    ``stream_options.include_usage``); None for a chunk without."""
+    chunk = json_object(event_data)
+    usage = chunk.get("usage") if chunk is not None else None
+    return _usage(usage) if isinstance(usage, dict) else None
+
+
+def _usage(usage: object) -> tuple[int | None, int | None]:
+    if not isinstance(usage, dict):
+        return None, None
+    return count_of(usage.get("prompt_tokens")), count_of(usage.get("completion_tokens"))

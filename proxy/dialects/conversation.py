@@ -1,0 +1,199 @@
+"""The neutral conversation every dialect parses into, and the pieces they share.
+
+Trimming (``proxy.trimming``) reads only each item's role, so a dialect's whole rule
+for what may be dropped is the ``roles`` list it builds: ``system``/``developer`` for
+the pinned head, ``user`` only where a turn may start, ``assistant`` or ``tool`` for
+everything else. ``turn_roles`` holds the one rule the dialects share: a user item
+that stands inside a tool call/result pair does not open a turn, so dropping whole
+turns from the front never splits a pair.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import orjson
+
+from proxy.errors import InvalidRequest
+from proxy.types import JSONObject, Message
+
+Endpoint = Literal["chat", "responses", "messages", "completions"]
+
+#: Deeper than orjson writes (it reads 1024 levels, writes fewer than 255): a body that
+#: could not be re-serialised after trimming is refused up front (as ``proxy.chat``).
+MAX_NESTING = 250
+
+HEAD_ROLES = frozenset(("system", "developer"))
+
+
+# Not frozen: read-only by convention (why: proxy.types, above PromptCount).
+@dataclass(slots=True)
+class Conversation:
+    endpoint: Endpoint
+    body: JSONObject
+    """The parsed client body; never modified (``render`` copies it)."""
+    items: list[Any]
+    """The trimmable units in order, each the client's own object; the pinned head first."""
+    roles: list[Message]
+    """One ``{"role": r}`` per item: what trimming reads."""
+    head: int
+    """How many leading items are synthesized head items that live outside the body's
+    item list (Responses ``instructions``, Messages ``system``)."""
+    model: str | None
+    stream: bool
+    max_tokens: int | None
+    """The client's own completion bound, a positive integer or None."""
+    user: str | None
+    """An identity hint for sessions."""
+    tools: list[JSONObject] | None
+    """The tools in the chat form vLLM hands to the chat template (for counting)."""
+    n: int = 1
+    """Answers asked for per prompt."""
+
+
+def load_object(raw: bytes, needs: str) -> JSONObject:
+    """The body as a JSON object, or the 400 that says what to send (``needs``: the
+    fields the dialect requires, for the message)."""
+    try:
+        body: Any = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(
+            f"The request body is not valid JSON (error at byte {exc.pos}). "
+            f"Send a JSON object with {needs}.",
+            param=None,
+        ) from exc
+    if not isinstance(body, dict):
+        raise InvalidRequest(f"The request body must be a JSON object with {needs}.", param=None)
+    _check_nesting(body)
+    return body
+
+
+def _check_nesting(body: JSONObject) -> None:
+    # Serialising is the check itself, and cheaper than counting brackets (proxy.chat).
+    try:
+        orjson.dumps(body)
+    except orjson.JSONEncodeError:
+        raise InvalidRequest(
+            f"The request body is nested more than {MAX_NESTING} levels deep; this proxy "
+            "does not accept JSON that deep. Flatten the structure.",
+            param=None,
+        ) from None
+
+
+def positive_int(body: JSONObject, name: str, *, zero: bool = False) -> int | None:
+    """``body[name]`` as a positive integer (or zero when ``zero``), None when absent."""
+    value = body.get(name)
+    if value is None:
+        return None
+    least = 0 if zero else 1
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        kind = "a non-negative" if zero else "a positive"
+        raise InvalidRequest(f"'{name}' must be {kind} integer or null.", param=name)
+    return value
+
+
+def common_fields(body: JSONObject) -> tuple[str | None, bool]:
+    """``model`` and ``stream``, checked the same way in every dialect."""
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise InvalidRequest("'model' must be a string.", param="model")
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise InvalidRequest("'stream' must be true or false.", param="stream")
+    return model, bool(stream)
+
+
+def object_list(body: JSONObject, name: str, what: str) -> list[JSONObject] | None:
+    """``body[name]`` as a list of objects (``what`` names one in the message)."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise InvalidRequest(f"'{name}' must be a list of {what} objects.", param=name)
+    for i, entry in enumerate(value):
+        if not isinstance(entry, dict):
+            raise InvalidRequest(f"{name}[{i}] must be an object.", param=name)
+    return value
+
+
+def answers(body: JSONObject) -> int:
+    """``n`` for the KV reservation; anything but an integer above one counts as one
+    (the engine refuses a bad value in its own words, as ``proxy.chat`` does)."""
+    value = body.get("n")
+    if isinstance(value, int) and not isinstance(value, bool) and value > 1:
+        return value
+    return 1
+
+
+def turn_roles(kinds: Sequence[str], keys: Sequence[Iterable[str]]) -> list[Message]:
+    """The trimming view of a dialect's items.
+
+    ``kinds[i]`` is the role the item would have on its own: a head role for the
+    pinned head (kept only while every item before it is head too), ``user`` for an
+    item that may open a turn, anything else for the rest. ``keys[i]`` are the pair
+    ids the item carries (a call's id, a result's id). A user item inside a pair's
+    span (after the pair's first item, up to its last) does not open a turn: the
+    turn before it would end between a call and its result, and dropping it would
+    split the pair. Such an item becomes ``tool``.
+    """
+    n = len(kinds)
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    for i, ids in enumerate(keys):
+        for key in ids:
+            first.setdefault(key, i)
+            last[key] = i
+    # covered[u] > 0 where some span (a, b] holds u: a difference array over the spans.
+    delta = [0] * (n + 1)
+    for key, a in first.items():
+        b = last[key]
+        if b > a:
+            delta[a + 1] += 1
+            delta[b + 1] -= 1
+    roles: list[Message] = []
+    depth = 0
+    in_head = True
+    for i, kind in enumerate(kinds):
+        depth += delta[i]
+        if in_head and kind in HEAD_ROLES:
+            roles.append({"role": kind})
+            continue
+        in_head = False
+        if kind == "user":
+            roles.append({"role": "tool" if depth > 0 else "user"})
+        else:
+            roles.append({"role": "tool" if kind == "tool" else "assistant"})
+    return roles
+
+
+def rendered(
+    conv: Conversation,
+    field: str,
+    kept: Sequence[int],
+    updates: dict[str, Any],
+) -> bytes:
+    """The body with ``field`` holding the kept items after the head (each the client's
+    own object) and ``updates`` written over it; every other field as it came."""
+    body = dict(conv.body)
+    items = conv.items
+    body[field] = [items[i] for i in kept if i >= conv.head]
+    body.update(updates)
+    return orjson.dumps(body)
+
+
+def count_of(value: Any) -> int | None:
+    """A token count from an answer: a non-negative integer, else None."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
+
+
+def json_object(raw: bytes) -> JSONObject | None:
+    """An answer's JSON object, None when it is not one (usage is then unknown)."""
+    try:
+        value: Any = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) else None
