@@ -14,6 +14,7 @@ from starlette.responses import Response
 
 import proxy
 from proxy.dependencies import Services
+from proxy.dialect_routes import dialect_routes
 from proxy.errors import ProxyError, envelope
 from proxy.fleet import Fleet, Gates
 from proxy.logs import setup_logging
@@ -74,7 +75,7 @@ def create_app(
         # about 4 us a request.
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )
-    app.router.routes.extend(routes())
+    app.router.routes.extend([*dialect_routes(), *routes()])
     app.add_exception_handler(ProxyError, _proxy_error)
     app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _unexpected)

@@ -53,10 +53,19 @@ class ContextLengthExceeded(ProxyError):
     type = "invalid_request_error"
     code = "context_length_exceeded"
 
-    def __init__(self, message: str, *, needed: int | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        needed: int | None = None,
+        maximum: int | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(message, **kwargs)
         #: The prompt tokens the request needs at the least, when known.
         self.needed = needed
+        #: The prompt budget it is over, when known (Anthropic's wording names it).
+        self.maximum = maximum
 
 
 def context_length_exceeded(
@@ -83,6 +92,7 @@ def context_length_exceeded(
             "completion tokens would not help.",
             param="messages",
             needed=needed,
+            maximum=limit.budget,
         )
     if limit.reserve_asked:
         reserved = f"{limit.reserve} tokens of max_tokens"
@@ -102,6 +112,7 @@ def context_length_exceeded(
         "prompt, or ask for fewer completion tokens (max_tokens).",
         param="messages",
         needed=needed,
+        maximum=limit.budget,
     )
 
 

@@ -122,37 +122,22 @@ async def forward(
             )
             return Sent(response, {}, upstream.transport.failure)
         lone = svc.upstream.lone
-        if lone is not None and lone not in svc.gates:
-            return await _send_alone(svc, lone, out, client_gone, facts, prepared)
-        return await _send_routed(svc, out, client_gone, facts, prepared)
+        if lone is None or lone in svc.gates:
+            return await _send_routed(svc, out, client_gone, facts, prepared)
+        # Inline, not a coroutine of its own: the common deployment's every request.
+        transport = svc.upstream.transport
+        facts.engine = lone.label
+        started = time.perf_counter()
+        response = await transport.send(
+            lone, out.method, out.path, out.headers, out.body, client_gone
+        )
+        return Sent(
+            response, prepared.headers, transport.failure, None, None, None, None,
+            prepared, svc.metrics, facts, started,
+        )  # fmt: skip
     except BaseException:
         client_gone.cancel()
         raise
-
-
-async def _send_alone(
-    svc: Services,
-    engine: Engine,
-    out: Outgoing,
-    client_gone: asyncio.Future[None],
-    facts: RequestFacts,
-    prepared: Prepared,
-) -> Sent:
-    transport = svc.upstream.transport
-    facts.engine = engine.label
-    started = time.perf_counter()
-    response = await transport.send(
-        engine, out.method, out.path, out.headers, out.body, client_gone
-    )
-    return Sent(
-        response,
-        prepared.headers,
-        transport.failure,
-        prepared=prepared,
-        metrics=svc.metrics,
-        facts=facts,
-        started=started,
-    )
 
 
 async def _send_routed(

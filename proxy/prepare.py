@@ -32,7 +32,7 @@ from proxy.metrics import OTHER_MODEL, ModelSeries
 from proxy.sessions.gate import SESSION_ID
 from proxy.sessions.identity import Identity, identify
 from proxy.trimming import TrimPolicy, TrimResult, fits_whole, least_kept, trim
-from proxy.types import PromptCount, PromptLimit
+from proxy.types import Asking, Message, PromptCount, PromptLimit
 
 #: Response header: the prompt tokens forwarded.
 PROMPT_TOKENS = "x-trimproxy-prompt-tokens"
@@ -83,7 +83,7 @@ async def model_series(svc: Services, model: str | None) -> ModelSeries:
     return svc.metrics.for_model(label)
 
 
-def completion_allowance(svc: Services, chat: ChatRequest) -> Allowance:
+def completion_allowance(svc: Services, chat: Asking) -> Allowance:
     """Each answer's share of the window and of the KV reservation: the request's
     ``max_tokens`` (lowered to TRIMPROXY_MAX_COMPLETION_TOKENS), else the cap, else
     TRIMPROXY_DEFAULT_COMPLETION_RESERVE (``proxy.admission.allowance``)."""
@@ -114,7 +114,7 @@ def apply_allowance(
     return chat, allowance
 
 
-async def context_window(svc: Services, chat: ChatRequest) -> int | None:
+async def context_window(svc: Services, chat: Asking) -> int | None:
     """The model's context length: the setting, else what the upstream reports."""
     window = svc.settings.context_window
     if window is None and chat.model is not None:
@@ -137,7 +137,7 @@ def budget_of(window: int | None, reserve: int, max_prompt_tokens: int | None) -
 
 
 async def limit_for(
-    svc: Services, chat: ChatRequest, allowance: Allowance | None = None
+    svc: Services, chat: Asking, allowance: Allowance | None = None
 ) -> PromptLimit | None:
     """The request's prompt budget and where it comes from; None when unbounded.
     Refuses a completion reserve that leaves the prompt no room. ``allowance``: the
@@ -218,7 +218,7 @@ def floor_if_surely_too_long(
 
 
 def session_identity(
-    svc: Services, headers: Mapping[str, str], chat: ChatRequest
+    svc: Services, headers: Mapping[str, str], user: str | None, messages: Sequence[Message]
 ) -> Identity | None:
     """The request's session identity, when session limits or session routing over
     several engines need it (one hash a request); else None."""
@@ -227,17 +227,21 @@ def session_identity(
         settings.routing != "session" or len(svc.upstream.engines.live()) < 2
     ):
         return None
-    return identify(headers, settings.session_header, chat.user, chat.messages)
+    return identify(headers, settings.session_header, user, messages)
 
 
-async def _session_step(
-    svc: Services, ident: Identity, chat: ChatRequest, facts: RequestFacts, out: dict[str, str]
+async def session_step(
+    svc: Services,
+    ident: Identity,
+    messages: Sequence[Message],
+    facts: RequestFacts,
+    out: dict[str, str],
 ) -> int:
     """The session limits (``proxy.sessions``): where the history the session keeps
     starts; the session's headers go in ``out``."""
     assert svc.sessions is not None
     try:
-        admission = await svc.sessions.admit(ident, chat.messages)
+        admission = await svc.sessions.admit(ident, messages)
     except ProxyError as exc:  # a rejection still names its session
         facts.session_id = exc.headers.get(SESSION_ID)
         raise
@@ -294,9 +298,9 @@ async def prepare(
     facts.model = chat.model
 
     history_start, out = 0, dict[str, str]()
-    ident = session_identity(svc, headers, chat)
+    ident = session_identity(svc, headers, chat.user, chat.messages)
     if ident is not None and svc.sessions is not None:
-        history_start = await _session_step(svc, ident, chat, facts, out)
+        history_start = await session_step(svc, ident, chat.messages, facts, out)
     upstream, allowance = apply_allowance(svc, chat, out)
     limit = await limit_for(svc, chat, allowance)
     budget = None if limit is None else limit.budget

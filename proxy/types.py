@@ -8,7 +8,7 @@ and the sessions can all build on it. The ``TokenCounter`` Protocol is in
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 #: A JSON object as orjson decodes it. Messages stay plain dicts on the hot path:
 #: no pydantic models, so unknown fields pass through untouched.
@@ -71,3 +71,19 @@ class PromptLimit:
     def setting_binds(self) -> bool:
         """Whether the operator's cap, not the window, sets the budget."""
         return self.max_prompt_tokens is not None and self.budget == self.max_prompt_tokens
+
+
+class Asking(Protocol):
+    """What the budget and the completion allowance read of a request, whatever its
+    dialect (``proxy.chat.ChatRequest``, ``proxy.dialects.Conversation``)."""
+
+    @property
+    def model(self) -> str | None: ...
+
+    @property
+    def max_tokens(self) -> int | None:
+        """The completion tokens each answer may take, as the request asked."""
+        ...
+
+    @property
+    def n(self) -> int: ...

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from proxy.chat import ChatRequest
+from proxy.types import Asking
 
 #: Response header: the client's max_tokens, when it was lowered to the cap.
 CAPPED_HEADER = "x-trimproxy-max-tokens-capped"
@@ -58,7 +59,7 @@ class Allowance:
         return CAP_SETTING if self.source == "cap" else DEFAULT_SETTING
 
 
-def allowance_for(chat: ChatRequest, cap: int | None, default: int) -> Allowance:
+def allowance_for(chat: Asking, cap: int | None, default: int) -> Allowance:
     """The allowance of ``chat`` under the cap (None: no cap) and the default reserve."""
     asked = chat.max_tokens
     if cap is None or (asked is not None and asked <= cap):
