@@ -7,8 +7,8 @@ description, and a bad value stops start-up with one line naming the variable.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
-from typing import Literal
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -309,6 +309,27 @@ class Settings(BaseSettings):
             raise ValueError("TRIMPROXY_API_KEYS is set but holds no key")
         return self
 
+    @model_validator(mode="after")
+    def _check_room(self) -> Settings:
+        """A window that the completion reserve fills leaves every request no room for
+        its prompt (docs/architecture.md §5: ``window - reserve - 1``): refused here,
+        not answered 400 on every request."""
+        window = self.context_window
+        if window is None:
+            return self
+        if self.max_completion_tokens is not None:
+            name, reserve = "MAX_COMPLETION_TOKENS", self.max_completion_tokens
+        else:
+            name, reserve = "DEFAULT_COMPLETION_RESERVE", self.default_completion_reserve
+        if window - reserve - 1 < 1:
+            raise ValueError(
+                f"{ENV_PREFIX}CONTEXT_WINDOW={window} leaves no room for a prompt after "
+                f"{ENV_PREFIX}{name}={reserve} (and 1 token of slack): set "
+                f"{ENV_PREFIX}{name} to at most {max(0, window - 2)}, or "
+                f"{ENV_PREFIX}CONTEXT_WINDOW to at least {reserve + 2}"
+            )
+        return self
+
     @property
     def api_key_set(self) -> frozenset[str]:
         if not self.api_keys:
@@ -321,9 +342,18 @@ def describe_error(exc: ValidationError) -> str:
     lines = []
     for err in exc.errors():
         field = str(err["loc"][0]) if err["loc"] else ""
-        name = f"{ENV_PREFIX}{field.upper()}" if field else "settings"
-        lines.append(f"invalid {name}: {err['msg']}")
+        if field:
+            lines.append(f"invalid {ENV_PREFIX}{field.upper()}: {err['msg']}")
+        else:
+            lines.append(f"invalid settings: {whole_error(err)}")
     return "\n".join(lines)
+
+
+def whole_error(err: Mapping[str, Any]) -> str:
+    """The message of a check on several settings at once (a model validator), without
+    pydantic's "Value error, " in front: it names the settings itself."""
+    cause = err.get("ctx", {}).get("error")
+    return str(cause) if isinstance(cause, ValueError) else str(err["msg"])
 
 
 def unknown_variables(names: Iterable[str]) -> list[str]:

@@ -1,0 +1,69 @@
+"""What ``trimproxy serve`` refuses before it starts: a tokenizer that cannot work, a
+context window the completion reserve fills, demo flags that contradict each other, a
+bad value from a file. Each is one line on stderr naming the setting and the fix, and
+exit 2, as every bad setting is; never a traceback, never a server that 400s every
+request."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.processes import child_env
+
+
+def serve(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``trimproxy serve`` as a process; the tests below expect it to exit by itself
+    (the timeout is a hang guard: a server that started is a failure)."""
+    return subprocess.run(
+        [sys.executable, "-m", "proxy.cli", "serve", *args],
+        env=child_env({"TRIMPROXY_PORT": "1", **(env or {})}),
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def one_line(out: subprocess.CompletedProcess[str]) -> str:
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith("trimproxy: "), lines[0]
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("env", "names"),
+    [
+        ({"TRIMPROXY_CONTEXT_WINDOW": "100"}, ("CONTEXT_WINDOW=100", "DEFAULT_COMPLETION_RESERVE")),
+        (
+            {"TRIMPROXY_CONTEXT_WINDOW": "600", "TRIMPROXY_DEFAULT_COMPLETION_RESERVE": "599"},
+            ("CONTEXT_WINDOW=600", "DEFAULT_COMPLETION_RESERVE=599"),
+        ),
+        (
+            {"TRIMPROXY_CONTEXT_WINDOW": "4096", "TRIMPROXY_MAX_COMPLETION_TOKENS": "4096"},
+            ("CONTEXT_WINDOW=4096", "MAX_COMPLETION_TOKENS=4096"),
+        ),
+    ],
+)
+def test_a_window_the_completion_reserve_fills_is_refused(
+    env: dict[str, str], names: tuple[str, ...]
+) -> None:
+    line = one_line(serve(env=env))
+    for name in names:
+        assert f"TRIMPROXY_{name}" in line, line
+
+
+def test_a_models_file_window_the_reserve_fills_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "models.toml"
+    path.write_text('[models."small"]\ncontext_window = 100\n')
+    line = one_line(serve(env={"TRIMPROXY_MODELS_FILE": str(path)}))
+    assert '[models."small"]: ' in line
+    assert "CONTEXT_WINDOW=100" in line and "DEFAULT_COMPLETION_RESERVE=512" in line
