@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 import shutil
@@ -12,7 +13,7 @@ import sys
 import tempfile
 import textwrap
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -22,6 +23,9 @@ from proxy.plan import cli as plan_cli
 from proxy.settings import ENV_PREFIX, Settings, describe_error, unknown_variables
 from proxy.soak import cli as soak_cli
 from proxy.top import cli as top_cli
+
+if TYPE_CHECKING:
+    from proxy.models import ModelSettings
 
 
 def _settings_help() -> str:
@@ -139,20 +143,28 @@ def _load_settings(overrides: dict[str, object]) -> Settings:
         raise SystemExit(2) from None
 
 
-def _check_tokenizer(settings: Settings) -> None:
-    """Refuse an ``hf:`` tokenizer that is not on disk with one line and exit 2, like
-    any other bad setting, instead of a traceback from inside the server's start-up."""
-    kind, _, spec = settings.tokenizer.partition(":")
-    if kind != "hf":
-        return
+def _check_tokenizers(settings: Settings, models: Sequence[ModelSettings]) -> None:
+    """Every tokenizer chosen at start, checked before the server starts: a bad one is
+    one line and exit 2, like any other bad setting, instead of a traceback from inside
+    the server's start-up. A models file's tokenizer is named by its file and table."""
+    from proxy.tokens.check import check_tokenizer
     from proxy.tokens.errors import ConfigError
-    from proxy.tokens.hf.load import tokenizer_dir
 
-    try:
-        tokenizer_dir(spec)
-    except ConfigError as exc:
-        print(f"trimproxy: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+    where = f"{ENV_PREFIX}MODELS_FILE={settings.models_file}"
+    checked: set[tuple[str, str]] = set()
+    for label, s in [("", settings), *((f'[models."{m.name}"]', m.settings) for m in models)]:
+        if (s.tokenizer, s.upstream_url) in checked:
+            continue
+        checked.add((s.tokenizer, s.upstream_url))
+        try:
+            asyncio.run(check_tokenizer(s))
+        except ConfigError as exc:
+            message = str(exc)
+            if label:  # named by its file and table, not by the variable it is not
+                message = message.removeprefix(f"{ENV_PREFIX}TOKENIZER={s.tokenizer}: ")
+                message = f'{where}: {label}: tokenizer = "{s.tokenizer}": {message}'
+            print(f"trimproxy: {message}", file=sys.stderr)
+            raise SystemExit(2) from None
 
 
 def _version() -> str:
@@ -174,17 +186,15 @@ def _read_env_file(path: str) -> None:
             os.environ.setdefault(key, value)
 
 
-def _check_models_file(settings: Settings) -> None:
+def _check_models_file(settings: Settings) -> tuple[ModelSettings, ...]:
     """A models file that cannot be used stops start-up with one line and exit 2."""
     from proxy.models import ModelsFileError, load_models
 
     try:
-        models = load_models(settings)
+        return load_models(settings)
     except ModelsFileError as exc:
         print(f"trimproxy: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    for model in models:
-        _check_tokenizer(model.settings)
 
 
 def _check_workers(settings: Settings) -> None:
@@ -227,9 +237,9 @@ def serve(args: argparse.Namespace) -> int:
     if args.env_file:
         _read_env_file(args.env_file)
     settings = _load_settings(overrides)
-    _check_tokenizer(settings)
-    _check_models_file(settings)
+    models = _check_models_file(settings)
     _check_workers(settings)
+    _check_tokenizers(settings, models)
     # JSON lines for every logger; log_config=None below keeps uvicorn from
     # replacing this with its own plain-text handlers.
     setup_logging(settings.log_level)

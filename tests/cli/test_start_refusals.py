@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.support.processes import child_env
+from tests.support.sim import SimUpstream, start_sim_thread
 
 
 def serve(
@@ -37,6 +39,59 @@ def one_line(out: subprocess.CompletedProcess[str]) -> str:
     assert len(lines) == 1, out.stderr
     assert lines[0].startswith("trimproxy: "), lines[0]
     return lines[0]
+
+
+@pytest.fixture(scope="module")
+def fastchat() -> Iterator[SimUpstream]:
+    sim = start_sim_thread("fastchat")
+    try:
+        yield sim
+    finally:
+        sim.stop()
+
+
+def test_tiktoken_without_its_file_offline_is_one_line(tmp_path: Path) -> None:
+    empty = tmp_path / "tiktoken-cache"
+    empty.mkdir()
+    line = one_line(
+        serve(env={"TRIMPROXY_TOKENIZER": "tiktoken:cl100k_base", "TIKTOKEN_CACHE_DIR": str(empty)})
+    )
+    assert "TRIMPROXY_TOKENIZER=tiktoken:cl100k_base" in line
+    assert "TIKTOKEN_CACHE_DIR" in line and "cl100k_base.tiktoken" in line
+
+
+def test_an_unknown_tiktoken_encoding_is_one_line() -> None:
+    line = one_line(serve(env={"TRIMPROXY_TOKENIZER": "tiktoken:foo"}))
+    assert "TRIMPROXY_TOKENIZER=tiktoken:foo: unknown encoding" in line
+    assert "cl100k_base" in line  # the names it knows
+
+
+def test_upstream_tokenizer_in_front_of_fastchat_is_one_line(fastchat: SimUpstream) -> None:
+    line = one_line(
+        serve(env={"TRIMPROXY_TOKENIZER": "upstream", "TRIMPROXY_UPSTREAM_URL": fastchat.url})
+    )
+    assert "TRIMPROXY_TOKENIZER=upstream" in line and "POST /tokenize" in line
+    assert "hf:" in line  # the fix
+    assert fastchat.requests("/tokenize")  # it asked, before refusing
+
+
+def test_upstream_tokenizer_of_a_models_file_table_names_the_table(
+    fastchat: SimUpstream, tmp_path: Path
+) -> None:
+    path = tmp_path / "models.toml"
+    path.write_text(f'[models."m"]\ntokenizer = "upstream"\nupstream_url = "{fastchat.url}"\n')
+    out = serve(env={"TRIMPROXY_TOKENIZER": "approx", "TRIMPROXY_MODELS_FILE": str(path)})
+    line = one_line(out)
+    assert line.startswith(f'trimproxy: TRIMPROXY_MODELS_FILE={path}: [models."m"]: tokenizer')
+    assert "POST /tokenize" in line
+
+
+def test_a_models_file_tiktoken_encoding_is_checked_too(tmp_path: Path) -> None:
+    path = tmp_path / "models.toml"
+    path.write_text('[models."m"]\ntokenizer = "tiktoken:foo"\n')
+    out = serve(env={"TRIMPROXY_TOKENIZER": "approx", "TRIMPROXY_MODELS_FILE": str(path)})
+    line = one_line(out)
+    assert '[models."m"]: tokenizer = "tiktoken:foo": unknown encoding' in line
 
 
 @pytest.mark.parametrize(
