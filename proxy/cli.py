@@ -96,6 +96,20 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _demo_refusal(args: argparse.Namespace) -> str | None:
+    """What is wrong with ``serve``'s demo flags, in one line; None when nothing."""
+    if args.engines < 1:
+        return f"--engines {args.engines}: give at least 1 simulated engine"
+    if args.engines > 1 and not args.demo:
+        return f"--engines {args.engines} goes with --demo: how many simulated engines to start"
+    if args.demo and args.upstream_url:
+        return (
+            "--demo runs its own simulated upstream: drop --upstream-url, or drop --demo "
+            "to proxy to that URL"
+        )
+    return None
+
+
 def start_demo_engines(engines: int = 1) -> tuple[subprocess.Popen[str], list[str]]:
     """The demo's sim engines in one child process on free ports; returns it and
     their URLs, in order (``demo_engine_urls``)."""
@@ -318,9 +332,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return sim_main(argv[1:])
     args = _parser().parse_args(argv)
-    if args.command == "serve" and (args.engines < 1 or (args.engines > 1 and not args.demo)):
-        print("trimproxy: --engines N (N >= 1) goes with --demo", file=sys.stderr)
-        return 2
+    if args.command == "serve":
+        refused = _demo_refusal(args)
+        if refused:
+            print(f"trimproxy: {refused}", file=sys.stderr)
+            return 2
     if args.command == "serve" and args.demo:
         child, args.demo_engine_urls = start_demo_engines(args.engines)
         # Every demo engine behind the proxy, routed by session (docs/engines.md).

@@ -122,3 +122,13 @@ def test_a_models_file_window_the_reserve_fills_is_refused(tmp_path: Path) -> No
     line = one_line(serve(env={"TRIMPROXY_MODELS_FILE": str(path)}))
     assert '[models."small"]: ' in line
     assert "CONTEXT_WINDOW=100" in line and "DEFAULT_COMPLETION_RESERVE=512" in line
+
+
+def test_demo_refuses_an_upstream_url_it_would_ignore() -> None:
+    line = one_line(serve("--demo", "--upstream-url", "http://10.0.0.5:8000"))
+    assert "--demo" in line and "--upstream-url" in line
+
+
+def test_demo_with_no_engines_names_engines() -> None:
+    line = one_line(serve("--demo", "--engines", "0"))
+    assert line.startswith("trimproxy: --engines 0: ")
