@@ -149,12 +149,30 @@ def start_demo_engines(engines: int = 1) -> tuple[subprocess.Popen[str], list[st
     raise SystemExit(1)
 
 
-def _load_settings(overrides: dict[str, object]) -> Settings:
+def _load_settings(overrides: dict[str, object], sources: dict[str, str]) -> Settings:
     try:
         return Settings(**{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]
     except ValidationError as exc:
-        print(f"trimproxy: {describe_error(exc)}", file=sys.stderr)
+        print(f"trimproxy: {describe_error(exc, sources)}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def _file_sources(before: set[str], env_file: str | None) -> dict[str, str]:
+    """The ``TRIMPROXY_*`` names read from a file rather than the environment, and
+    from which: ``before`` is the environment's names before ``--env-file`` was read
+    into it; ./.env is read by the settings themselves, under the environment."""
+    from dotenv import dotenv_values
+
+    sources: dict[str, str] = {}
+    if os.path.isfile(".env"):
+        for key in dotenv_values(".env"):
+            if key.upper().startswith(ENV_PREFIX) and key.upper() not in before:
+                sources[key.upper()] = "./.env"
+    if env_file:
+        for key in dotenv_values(env_file):
+            if key.upper().startswith(ENV_PREFIX) and key.upper() not in before:
+                sources[key.upper()] = env_file
+    return sources
 
 
 def _check_tokenizers(settings: Settings, models: Sequence[ModelSettings]) -> None:
@@ -248,9 +266,10 @@ def serve(args: argparse.Namespace) -> int:
         "workers": args.workers,
         "upstream_url": args.upstream_url,
     }
+    before = {name.upper() for name in os.environ}
     if args.env_file:
         _read_env_file(args.env_file)
-    settings = _load_settings(overrides)
+    settings = _load_settings(overrides, _file_sources(before, args.env_file))
     models = _check_models_file(settings)
     _check_workers(settings)
     _check_tokenizers(settings, models)

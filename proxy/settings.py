@@ -337,15 +337,23 @@ class Settings(BaseSettings):
         return frozenset(k.strip() for k in self.api_keys.split(",") if k.strip())
 
 
-def describe_error(exc: ValidationError) -> str:
-    """One line per bad variable, named as the operator wrote it."""
+def describe_error(exc: ValidationError, sources: Mapping[str, str] | None = None) -> str:
+    """One line per bad variable, named as the operator wrote it. ``sources``: where a
+    variable that is not in the environment was read from (``./.env``, an env file),
+    by its name; the line says so, or a stray file's value looks like the environment's."""
+    sources = sources or {}
     lines = []
     for err in exc.errors():
         field = str(err["loc"][0]) if err["loc"] else ""
         if field:
-            lines.append(f"invalid {ENV_PREFIX}{field.upper()}: {err['msg']}")
+            name = f"{ENV_PREFIX}{field.upper()}"
+            where = f" (from {sources[name]})" if name in sources else ""
+            lines.append(f"invalid {name}{where}: {err['msg']}")
         else:
-            lines.append(f"invalid settings: {whole_error(err)}")
+            message = whole_error(err)
+            named = [f"{n} from {w}" for n, w in sorted(sources.items()) if n in message]
+            where = f" ({', '.join(named)})" if named else ""
+            lines.append(f"invalid settings{where}: {message}")
     return "\n".join(lines)
 
 

@@ -132,3 +132,19 @@ def test_demo_refuses_an_upstream_url_it_would_ignore() -> None:
 def test_demo_with_no_engines_names_engines() -> None:
     line = one_line(serve("--demo", "--engines", "0"))
     assert line.startswith("trimproxy: --engines 0: ")
+
+
+def test_a_bad_value_from_dot_env_says_it_came_from_there(tmp_path: Path) -> None:
+    (tmp_path / ".env").write_text("TRIMPROXY_TRIM_TARGET=7\n")
+    line = one_line(serve(cwd=tmp_path))
+    assert "invalid TRIMPROXY_TRIM_TARGET (from ./.env): " in line
+    # The same value from the environment is the environment's: no file named.
+    line = one_line(serve(env={"TRIMPROXY_TRIM_TARGET": "7"}, cwd=tmp_path))
+    assert "invalid TRIMPROXY_TRIM_TARGET: " in line
+
+
+def test_a_bad_value_from_an_env_file_names_the_file(tmp_path: Path) -> None:
+    env_file = tmp_path / "proxy.env"
+    env_file.write_text("TRIMPROXY_CONTEXT_WINDOW=100\n")
+    line = one_line(serve("--env-file", str(env_file), cwd=tmp_path))
+    assert f"TRIMPROXY_CONTEXT_WINDOW from {env_file}" in line
