@@ -112,7 +112,9 @@ class Settings(BaseSettings):
     )
 
     api_keys: str | None = Field(
-        None, description="Comma-separated keys the proxy accepts on /v1/*; open when unset."
+        None,
+        description="Comma-separated keys the proxy accepts on /v1/*, as Authorization: "
+        "Bearer <key> or X-Api-Key: <key>; open when unset.",
     )
     upstream_api_key: str | None = Field(
         None, description="Key sent upstream in place of the client's."
