@@ -62,11 +62,15 @@ def _check_nesting(body: JSONObject) -> None:
     try:
         orjson.dumps(body)
     except orjson.JSONEncodeError:
-        raise InvalidRequest(
-            f"The request body is nested more than {MAX_NESTING} levels deep; this proxy "
-            "does not accept JSON that deep. Flatten the structure.",
-            param=None,
-        ) from None
+        raise _too_deep() from None
+
+
+def _too_deep() -> InvalidRequest:
+    return InvalidRequest(
+        f"The request body is nested more than {MAX_NESTING} levels deep; this proxy "
+        "does not accept JSON that deep. Flatten the structure.",
+        param=None,
+    )
 
 
 def _bad_message(messages: list[Any]) -> InvalidRequest:
@@ -82,6 +86,10 @@ def parse_chat(raw: bytes) -> ChatRequest:
     try:
         body: Any = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
+        # orjson reads 1024 levels and stops there with a decode error: deeper JSON is
+        # valid, and answered as too deep, like any body past MAX_NESTING.
+        if exc.msg.startswith("depth limit exceeded"):
+            raise _too_deep() from None
         raise InvalidRequest(
             f"The request body is not valid JSON (error at byte {exc.pos}). "
             "Send a JSON object with 'model' and 'messages'.",

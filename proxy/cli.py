@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 import shutil
@@ -12,7 +13,7 @@ import sys
 import tempfile
 import textwrap
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -22,6 +23,9 @@ from proxy.plan import cli as plan_cli
 from proxy.settings import ENV_PREFIX, Settings, describe_error, unknown_variables
 from proxy.soak import cli as soak_cli
 from proxy.top import cli as top_cli
+
+if TYPE_CHECKING:
+    from proxy.models import ModelSettings
 
 
 def _settings_help() -> str:
@@ -92,6 +96,20 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _demo_refusal(args: argparse.Namespace) -> str | None:
+    """What is wrong with ``serve``'s demo flags, in one line; None when nothing."""
+    if args.engines < 1:
+        return f"--engines {args.engines}: give at least 1 simulated engine"
+    if args.engines > 1 and not args.demo:
+        return f"--engines {args.engines} goes with --demo: how many simulated engines to start"
+    if args.demo and args.upstream_url:
+        return (
+            "--demo runs its own simulated upstream: drop --upstream-url, or drop --demo "
+            "to proxy to that URL"
+        )
+    return None
+
+
 def start_demo_engines(engines: int = 1) -> tuple[subprocess.Popen[str], list[str]]:
     """The demo's sim engines in one child process on free ports; returns it and
     their URLs, in order (``demo_engine_urls``)."""
@@ -131,28 +149,54 @@ def start_demo_engines(engines: int = 1) -> tuple[subprocess.Popen[str], list[st
     raise SystemExit(1)
 
 
-def _load_settings(overrides: dict[str, object]) -> Settings:
+def _load_settings(overrides: dict[str, object], sources: dict[str, str]) -> Settings:
     try:
         return Settings(**{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]
     except ValidationError as exc:
-        print(f"trimproxy: {describe_error(exc)}", file=sys.stderr)
+        print(f"trimproxy: {describe_error(exc, sources)}", file=sys.stderr)
         raise SystemExit(2) from None
 
 
-def _check_tokenizer(settings: Settings) -> None:
-    """Refuse an ``hf:`` tokenizer that is not on disk with one line and exit 2, like
-    any other bad setting, instead of a traceback from inside the server's start-up."""
-    kind, _, spec = settings.tokenizer.partition(":")
-    if kind != "hf":
-        return
+def _file_sources(before: set[str], env_file: str | None) -> dict[str, str]:
+    """The ``TRIMPROXY_*`` names read from a file rather than the environment, and
+    from which: ``before`` is the environment's names before ``--env-file`` was read
+    into it; ./.env is read by the settings themselves, under the environment."""
+    from dotenv import dotenv_values
+
+    sources: dict[str, str] = {}
+    if os.path.isfile(".env"):
+        for key in dotenv_values(".env"):
+            if key.upper().startswith(ENV_PREFIX) and key.upper() not in before:
+                sources[key.upper()] = "./.env"
+    if env_file:
+        for key in dotenv_values(env_file):
+            if key.upper().startswith(ENV_PREFIX) and key.upper() not in before:
+                sources[key.upper()] = env_file
+    return sources
+
+
+def _check_tokenizers(settings: Settings, models: Sequence[ModelSettings]) -> None:
+    """Every tokenizer chosen at start, checked before the server starts: a bad one is
+    one line and exit 2, like any other bad setting, instead of a traceback from inside
+    the server's start-up. A models file's tokenizer is named by its file and table."""
+    from proxy.tokens.check import check_tokenizer
     from proxy.tokens.errors import ConfigError
-    from proxy.tokens.hf.load import tokenizer_dir
 
-    try:
-        tokenizer_dir(spec)
-    except ConfigError as exc:
-        print(f"trimproxy: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+    where = f"{ENV_PREFIX}MODELS_FILE={settings.models_file}"
+    checked: set[tuple[str, str]] = set()
+    for label, s in [("", settings), *((f'[models."{m.name}"]', m.settings) for m in models)]:
+        if (s.tokenizer, s.upstream_url) in checked:
+            continue
+        checked.add((s.tokenizer, s.upstream_url))
+        try:
+            asyncio.run(check_tokenizer(s))
+        except ConfigError as exc:
+            message = str(exc)
+            if label:  # named by its file and table, not by the variable it is not
+                message = message.removeprefix(f"{ENV_PREFIX}TOKENIZER={s.tokenizer}: ")
+                message = f'{where}: {label}: tokenizer = "{s.tokenizer}": {message}'
+            print(f"trimproxy: {message}", file=sys.stderr)
+            raise SystemExit(2) from None
 
 
 def _version() -> str:
@@ -174,17 +218,15 @@ def _read_env_file(path: str) -> None:
             os.environ.setdefault(key, value)
 
 
-def _check_models_file(settings: Settings) -> None:
+def _check_models_file(settings: Settings) -> tuple[ModelSettings, ...]:
     """A models file that cannot be used stops start-up with one line and exit 2."""
     from proxy.models import ModelsFileError, load_models
 
     try:
-        models = load_models(settings)
+        return load_models(settings)
     except ModelsFileError as exc:
         print(f"trimproxy: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    for model in models:
-        _check_tokenizer(model.settings)
 
 
 def _check_workers(settings: Settings) -> None:
@@ -224,12 +266,13 @@ def serve(args: argparse.Namespace) -> int:
         "workers": args.workers,
         "upstream_url": args.upstream_url,
     }
+    before = {name.upper() for name in os.environ}
     if args.env_file:
         _read_env_file(args.env_file)
-    settings = _load_settings(overrides)
-    _check_tokenizer(settings)
-    _check_models_file(settings)
+    settings = _load_settings(overrides, _file_sources(before, args.env_file))
+    models = _check_models_file(settings)
     _check_workers(settings)
+    _check_tokenizers(settings, models)
     # JSON lines for every logger; log_config=None below keeps uvicorn from
     # replacing this with its own plain-text handlers.
     setup_logging(settings.log_level)
@@ -308,9 +351,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return sim_main(argv[1:])
     args = _parser().parse_args(argv)
-    if args.command == "serve" and (args.engines < 1 or (args.engines > 1 and not args.demo)):
-        print("trimproxy: --engines N (N >= 1) goes with --demo", file=sys.stderr)
-        return 2
+    if args.command == "serve":
+        refused = _demo_refusal(args)
+        if refused:
+            print(f"trimproxy: {refused}", file=sys.stderr)
+            return 2
     if args.command == "serve" and args.demo:
         child, args.demo_engine_urls = start_demo_engines(args.engines)
         # Every demo engine behind the proxy, routed by session (docs/engines.md).

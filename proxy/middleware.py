@@ -163,7 +163,9 @@ class Accounting:
 
 
 class ApiKeys:
-    """Requires ``Authorization: Bearer <key>`` from a configured set on proxied routes.
+    """Requires a key from a configured set on proxied routes: ``Authorization: Bearer
+    <key>`` (OpenAI's clients), or ``X-Api-Key: <key>`` (Anthropic's); the bearer token
+    is the one checked when a request sends both.
 
     Every configured key is compared, in constant time, so the answer's timing says
     nothing about which key nearly matched.
@@ -177,27 +179,44 @@ class ApiKeys:
         if scope["type"] != "http" or not scope["path"].startswith(_GUARDED_PREFIXES):
             await self.app(scope, receive, send)
             return
-        presented = b""
+        bearer: bytes | None = None
+        api_key: bytes | None = None
+        scheme = b""
         for name, value in scope["headers"]:
             if name == b"authorization":
                 scheme, _, token = value.partition(b" ")
                 if scheme.lower() == b"bearer":
-                    presented = token.strip()
-                break
+                    bearer = token.strip()
+            elif name == b"x-api-key":
+                api_key = value.strip()
+        presented = bearer if bearer is not None else (api_key or b"")
         matched = False
         for key in self.keys:
             matched |= hmac.compare_digest(presented, key)
         if not matched:
-            reason = "was missing" if not presented else "is not valid"
-            await send_error(
-                send,
-                InvalidApiKey(
-                    f"The API key {reason}. Send 'Authorization: Bearer <key>' with a key "
-                    "that this proxy's operator issued (TRIMPROXY_API_KEYS)."
-                ),
-            )
+            await send_error(send, InvalidApiKey(_refusal(presented, scheme)))
             return
         await self.app(scope, receive, send)
+
+
+def _refusal(presented: bytes, scheme: bytes) -> str:
+    """Why a request's key was refused, and what to send instead."""
+    send = (
+        "Send 'Authorization: Bearer <key>' (or 'X-Api-Key: <key>') with a key that this "
+        "proxy's operator issued (TRIMPROXY_API_KEYS)."
+    )
+    if presented:
+        return f"The API key is not valid. {send}"
+    if scheme and scheme.lower() != b"bearer":
+        shown = scheme.decode("latin-1")
+        if _echoable(shown):
+            return f"The Authorization scheme must be Bearer, not {shown}. {send}"
+        return f"The Authorization scheme must be Bearer. {send}"
+    return f"The API key was missing. {send}"
+
+
+def _echoable(scheme: str) -> bool:
+    return len(scheme) <= 32 and scheme.isascii() and scheme.isalnum()
 
 
 class InFlightLimit:

@@ -31,7 +31,7 @@ from pydantic import ValidationError
 
 from proxy.engines.engine import Engine
 from proxy.engines.pool import EngineFactory
-from proxy.settings import ENV_PREFIX, Settings
+from proxy.settings import ENV_PREFIX, Settings, whole_error
 from proxy.tokens import build_counter
 from proxy.tokens.counter import TokenCounter
 from proxy.upstream import ContextWindows, ErrorHook, Upstream
@@ -112,7 +112,9 @@ def load_models(settings: Settings) -> tuple[ModelSettings, ...]:
             merged = Settings.model_validate({**base, **table})
         except ValidationError as exc:
             err = exc.errors()[0]
-            key = str(err["loc"][0]) if err["loc"] else "?"
+            if not err["loc"]:  # a check on several keys at once names them itself
+                raise ModelsFileError(f"{where}: {label}: {whole_error(err)}") from None
+            key = str(err["loc"][0])
             raise ModelsFileError(f"{where}: {label}: {key}: {err['msg']}") from None
         out.append(ModelSettings(name, merged))
     return tuple(out)

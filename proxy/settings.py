@@ -7,8 +7,8 @@ description, and a bad value stops start-up with one line naming the variable.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
-from typing import Literal
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -112,7 +112,9 @@ class Settings(BaseSettings):
     )
 
     api_keys: str | None = Field(
-        None, description="Comma-separated keys the proxy accepts on /v1/*; open when unset."
+        None,
+        description="Comma-separated keys the proxy accepts on /v1/*, as Authorization: "
+        "Bearer <key> or X-Api-Key: <key>; open when unset.",
     )
     upstream_api_key: str | None = Field(
         None, description="Key sent upstream in place of the client's."
@@ -309,6 +311,27 @@ class Settings(BaseSettings):
             raise ValueError("TRIMPROXY_API_KEYS is set but holds no key")
         return self
 
+    @model_validator(mode="after")
+    def _check_room(self) -> Settings:
+        """A window that the completion reserve fills leaves every request no room for
+        its prompt (docs/architecture.md §5: ``window - reserve - 1``): refused here,
+        not answered 400 on every request."""
+        window = self.context_window
+        if window is None:
+            return self
+        if self.max_completion_tokens is not None:
+            name, reserve = "MAX_COMPLETION_TOKENS", self.max_completion_tokens
+        else:
+            name, reserve = "DEFAULT_COMPLETION_RESERVE", self.default_completion_reserve
+        if window - reserve - 1 < 1:
+            raise ValueError(
+                f"{ENV_PREFIX}CONTEXT_WINDOW={window} leaves no room for a prompt after "
+                f"{ENV_PREFIX}{name}={reserve} (and 1 token of slack): set "
+                f"{ENV_PREFIX}{name} to at most {max(0, window - 2)}, or "
+                f"{ENV_PREFIX}CONTEXT_WINDOW to at least {reserve + 2}"
+            )
+        return self
+
     @property
     def api_key_set(self) -> frozenset[str]:
         if not self.api_keys:
@@ -316,14 +339,31 @@ class Settings(BaseSettings):
         return frozenset(k.strip() for k in self.api_keys.split(",") if k.strip())
 
 
-def describe_error(exc: ValidationError) -> str:
-    """One line per bad variable, named as the operator wrote it."""
+def describe_error(exc: ValidationError, sources: Mapping[str, str] | None = None) -> str:
+    """One line per bad variable, named as the operator wrote it. ``sources``: where a
+    variable that is not in the environment was read from (``./.env``, an env file),
+    by its name; the line says so, or a stray file's value looks like the environment's."""
+    sources = sources or {}
     lines = []
     for err in exc.errors():
         field = str(err["loc"][0]) if err["loc"] else ""
-        name = f"{ENV_PREFIX}{field.upper()}" if field else "settings"
-        lines.append(f"invalid {name}: {err['msg']}")
+        if field:
+            name = f"{ENV_PREFIX}{field.upper()}"
+            where = f" (from {sources[name]})" if name in sources else ""
+            lines.append(f"invalid {name}{where}: {err['msg']}")
+        else:
+            message = whole_error(err)
+            named = [f"{n} from {w}" for n, w in sorted(sources.items()) if n in message]
+            where = f" ({', '.join(named)})" if named else ""
+            lines.append(f"invalid settings{where}: {message}")
     return "\n".join(lines)
+
+
+def whole_error(err: Mapping[str, Any]) -> str:
+    """The message of a check on several settings at once (a model validator), without
+    pydantic's "Value error, " in front: it names the settings itself."""
+    cause = err.get("ctx", {}).get("error")
+    return str(cause) if isinstance(cause, ValueError) else str(err["msg"])
 
 
 def unknown_variables(names: Iterable[str]) -> list[str]:

@@ -29,11 +29,14 @@ from proxy.plan.worker import prefill_cost
 
 __all__ = [
     "completion_cap",
+    "engine_window",
     "fallbacks",
     "fastchat_advice",
     "fits",
     "prompt_budget",
+    "proxy_window",
     "recommended",
+    "setting_or_none",
 ]
 
 #: The CUDA context and allocator slack of a transformers worker, per card.
@@ -66,12 +69,31 @@ def admission_capacity(plan: Plan) -> int:
     return max(0, (cap.usable_blocks - plan.concurrency) * cap.block_size)
 
 
+def setting_or_none(value: int | None) -> int | None:
+    """A token count ``trimproxy serve`` takes (at least 1), else None: not recommended,
+    as serve would refuse it."""
+    return value if value is not None and value >= 1 else None
+
+
+def engine_window(plan: Plan) -> int:
+    """The ``--max-model-len`` to run vLLM with: the plan's, or, when one request of
+    that length does not fit, the longest that does (vLLM refuses to start then)."""
+    cap = plan.capacity
+    shrink = not cap.starts and cap.usable_blocks > 0
+    return cap.usable_blocks * cap.block_size if shrink else cap.max_model_len
+
+
+def proxy_window(window: int, completion_reserve: int) -> int | None:
+    """``TRIMPROXY_CONTEXT_WINDOW``, unless the reserve fills it: serve refuses a window
+    that leaves a prompt no room (``window - reserve - 1 < 1``)."""
+    return window if window - completion_reserve - 1 >= 1 else None
+
+
 def _vllm_args(plan: Plan) -> list[str]:
     inputs, cap = plan.inputs, plan.capacity
-    # vLLM refuses to start when one --max-model-len request does not fit: offer the
-    # longest that does (when anything fits at all).
-    shrink = not cap.starts and cap.usable_blocks > 0
-    max_len = cap.usable_blocks * cap.block_size if shrink else cap.max_model_len
+    if cap.usable_blocks < 1:
+        return []  # no flag starts vLLM on these cards: nothing is left for the KV cache
+    max_len = engine_window(plan)
     args = ["--max-model-len", str(max_len), "--max-num-seqs", str(plan.concurrency)]
     if inputs.device == "cuda":
         args += ["--gpu-memory-utilization", f"{inputs.gpu_memory_utilization:g}"]
@@ -105,7 +127,9 @@ def fastchat_advice(plan: Plan) -> dict[str, Any]:
         per_card_weights = loaded // gpus
         free = inputs.gpu_memory_bytes - per_card_weights - FASTCHAT_OVERHEAD
         max_gpu = math.ceil(per_card_weights * 1.1 / GIB * 2) / 2
-        args = ["--num-gpus", str(gpus), "--max-gpu-memory", f"{max_gpu:g}GiB"]
+        # More than the card holds is no flag to give: the weights do not fit it.
+        fitting = max_gpu * GIB <= inputs.gpu_memory_bytes and free > 0
+        args = ["--num-gpus", str(gpus), "--max-gpu-memory", f"{max_gpu:g}GiB"] if fitting else []
     # The busiest card holds its layers' share of every cache; a prefill's scores, mask,
     # activations and logits are counted whole on it (the worst card: the last).
     per_request = int(cost.kv * share)
@@ -114,7 +138,8 @@ def fastchat_advice(plan: Plan) -> dict[str, Any]:
     for k in range(1, plan.concurrency + 1):
         if k * (per_request + transient) <= free:
             limit = k
-    args += ["--limit-worker-concurrency", str(max(1, limit))]
+    if args:
+        args += ["--limit-worker-concurrency", str(max(1, limit))]
     return {
         "attn_implementation": inputs.attn_implementation,
         "dtype": dtype,
@@ -125,19 +150,19 @@ def fastchat_advice(plan: Plan) -> dict[str, Any]:
         "peak_bytes_serial": cost.peak(plan.concurrency, 1),
         "free_bytes_per_card": int(free),
         "limit_worker_concurrency": limit,
-        "fits": limit >= plan.concurrency,
+        "fits": bool(args) and limit >= plan.concurrency,
         "fastchat_args": args,
     }
 
 
 def recommended(plan: Plan) -> dict[str, Any]:
-    budget = prompt_budget(plan)
+    reserve = plan.inputs.completion_reserve
     env: dict[str, Any] = {
-        "TRIMPROXY_MAX_PROMPT_TOKENS": budget if budget >= 1 else None,
-        "TRIMPROXY_CONTEXT_WINDOW": plan.capacity.max_model_len,
-        "TRIMPROXY_DEFAULT_COMPLETION_RESERVE": plan.inputs.completion_reserve,
-        "TRIMPROXY_MAX_COMPLETION_TOKENS": completion_cap(plan.inputs.completion_reserve),
-        "TRIMPROXY_KV_ADMISSION": admission_capacity(plan),
+        "TRIMPROXY_MAX_PROMPT_TOKENS": setting_or_none(prompt_budget(plan)),
+        "TRIMPROXY_CONTEXT_WINDOW": proxy_window(engine_window(plan), reserve),
+        "TRIMPROXY_DEFAULT_COMPLETION_RESERVE": reserve,
+        "TRIMPROXY_MAX_COMPLETION_TOKENS": completion_cap(reserve),
+        "TRIMPROXY_KV_ADMISSION": setting_or_none(admission_capacity(plan)),
     }
     if plan.inputs.device == "cpu":
         env["VLLM_CPU_KVCACHE_SPACE"] = plan.inputs.cpu_kv_cache_space_gib or 4

@@ -16,7 +16,10 @@ from proxy.plan.planner import PlanInputs, make_plan
 from proxy.plan.report import engine_report, plan_report, render
 from proxy.plan.worker import ATTENTION_IMPLEMENTATIONS
 
-__all__ = ["add_parser", "parse_size", "run"]
+__all__ = ["NO_FIT", "add_parser", "parse_size", "run"]
+
+#: The exit status of a plan whose sessions do not fit (a script can stop on it).
+NO_FIT = 1
 
 _UNITS = {"": 1 << 30, "b": 1, "k": 10**3, "kb": 10**3, "kib": 1 << 10, "m": 10**6}
 _UNITS |= {"mb": 10**6, "mib": 1 << 20, "g": 10**9, "gb": 10**9, "gib": 1 << 30}
@@ -29,6 +32,10 @@ parallelism, weights from the checkpoint, the KV capacity and concurrency, and t
 TRIMPROXY_* values and vLLM/FastChat flags that make --concurrency sessions fit.
 --from-engine URL reads a running vLLM's own figures instead."""
 
+EPILOG = """\
+exit status: 0 when the sessions fit, 1 when they do not (the report says what to
+change), 2 when the input cannot be read (one line on stderr names it)."""
+
 
 def parse_size(text: str) -> int:
     """Bytes from "80GiB", "24GB", "512MiB" or a bare number of GiB."""
@@ -38,46 +45,93 @@ def parse_size(text: str) -> int:
     return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
 
 
+def _positive_size(text: str) -> int:
+    size = parse_size(text)
+    if size < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be above 0")
+    return size
+
+
+def _positive(text: str) -> int:
+    """An int of at least 1: argparse refuses anything else with one line, exit 2."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: must be at least 1")
+    return value
+
+
+def _not_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value}: must be 0 or more")
+    return value
+
+
+def _utilization(text: str) -> float:
+    """A share of the card, as vLLM takes it: above 0, at most 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"{value:g}: must be above 0 and at most 1")
+    return value
+
+
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``plan`` on the ``trimproxy`` command's subparsers."""
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "plan",
         help="size the KV cache, the trim budget and the engine flags for a model",
         description=DESCRIPTION,
+        epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("model", nargs="?", help="model directory or its config.json")
-    parser.add_argument("--from-engine", metavar="URL", help="a running vLLM server's root URL")
-    parser.add_argument(
-        "--api-key", help="bearer token for --from-engine (default TRIMPROXY_UPSTREAM_API_KEY)"
-    )
-    parser.add_argument("--tensor-parallel-size", type=int, default=1)
-    parser.add_argument("--pipeline-parallel-size", type=int, default=1)
-    parser.add_argument("--gpu-memory", type=parse_size, default="80GiB", help="per GPU")
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    parser.add_argument("--max-model-len", type=int, help="default: the config's context")
-    parser.add_argument("--max-num-seqs", type=int)
-    parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--kv-cache-dtype", default="auto")
-    parser.add_argument("--block-size", type=int, help="default: 16 on cuda, 128 on cpu")
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    parser.add_argument(
-        "--cpu-kv-cache-space", type=int, metavar="GiB", help="VLLM_CPU_KVCACHE_SPACE"
-    )
-    parser.add_argument("--concurrency", type=int, help="sessions that must fit at once")
-    parser.add_argument(
-        "--completion-reserve", type=int, default=512, help="tokens kept for each answer"
-    )
-    parser.add_argument(
-        "--reserve",
-        type=parse_size,
-        help="per-GPU activation/overhead reserve (default: an estimate, see docs/plan.md)",
-    )
-    parser.add_argument(
-        "--attn-implementation", choices=ATTENTION_IMPLEMENTATIONS, default="eager",
-        help="the transformers worker's attention, for FastChat advice",
-    )  # fmt: skip
-    parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    add = parser.add_argument
+    add("model", nargs="?", help="model directory or its config.json")
+    add("--from-engine", metavar="URL", help="a running vLLM server's root URL: read its own "
+        "KV figures instead of computing them")  # fmt: skip
+    add("--api-key", help="bearer token for --from-engine (default TRIMPROXY_UPSTREAM_API_KEY)")
+    add("--tensor-parallel-size", type=_positive, default=1, metavar="N",
+        help="GPUs each layer is split over (vLLM's flag) [1]")  # fmt: skip
+    add("--pipeline-parallel-size", type=_positive, default=1, metavar="N",
+        help="stages the layers are spread over (vLLM's flag) [1]")  # fmt: skip
+    add("--gpu-memory", type=_positive_size, default="80GiB", metavar="SIZE",
+        help="memory of each GPU: 80GiB, 24GB, 512MiB, or a number of GiB [80GiB]")  # fmt: skip
+    add("--gpu-memory-utilization", type=_utilization, default=0.9, metavar="SHARE",
+        help="share of each GPU vLLM may use, above 0 and at most 1 [0.9]")  # fmt: skip
+    add("--max-model-len", type=_positive, metavar="N",
+        help="the engine's context length (default: the config's)")  # fmt: skip
+    add("--max-num-seqs", type=_positive, metavar="N",
+        help="sequences vLLM runs at once (default: --concurrency, else 8)")  # fmt: skip
+    add("--dtype", default="auto",
+        help="the weights' dtype as vLLM's --dtype (auto: the config's torch_dtype) "
+        "[auto]")  # fmt: skip
+    add("--kv-cache-dtype", default="auto",
+        help="the KV cache's dtype as vLLM's --kv-cache-dtype (fp8*: 1 byte) [auto]")  # fmt: skip
+    add("--block-size", type=_positive, metavar="N",
+        help="tokens per KV block (default: 16 on cuda, 128 on cpu)")  # fmt: skip
+    add("--device", choices=("cuda", "cpu"), default="cuda",
+        help="where the engine runs [cuda]")  # fmt: skip
+    add("--cpu-kv-cache-space", type=_positive, metavar="GiB",
+        help="with --device cpu: the KV pool, VLLM_CPU_KVCACHE_SPACE [4]")  # fmt: skip
+    add("--concurrency", type=_positive, metavar="N",
+        help="sessions that must fit at once (default: --max-num-seqs, else 8)")  # fmt: skip
+    add("--completion-reserve", type=_not_negative, default=512, metavar="TOKENS",
+        help="tokens kept for each answer (TRIMPROXY_DEFAULT_COMPLETION_RESERVE) "
+        "[512]")  # fmt: skip
+    add("--reserve", type=parse_size, metavar="SIZE",
+        help="per-GPU activation/overhead reserve (default: an estimate, see "
+        "docs/plan.md)")  # fmt: skip
+    add("--attn-implementation", choices=ATTENTION_IMPLEMENTATIONS, default="eager",
+        help="the transformers worker's attention, for FastChat advice [eager]")  # fmt: skip
+    add("--json", action="store_true", help="one JSON object on stdout")
     return parser
 
 
@@ -113,11 +167,19 @@ def _report(args: argparse.Namespace) -> dict[str, Any]:
             attn_implementation=args.attn_implementation,
         )
     )
+    window = plan.capacity.max_model_len
+    if window - args.completion_reserve - 1 < 1:
+        raise ConfigError(
+            "--completion-reserve",
+            f"{args.completion_reserve} leaves no room for a prompt in a context of {window} "
+            f"tokens (trimproxy serve would refuse it): give at most {max(0, window - 2)}",
+        )
     return plan_report(plan)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print the plan; 2 with one line naming the field when the input cannot be read."""
+    """Print the plan; exit 1 (``NO_FIT``) when the sessions do not fit, 2 with one line
+    naming the field when the input cannot be read."""
     try:
         report = _report(args)
     except ConfigError as exc:
@@ -127,4 +189,4 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
     else:
         sys.stdout.write(render(report))
-    return 0
+    return 0 if report["fits"] else NO_FIT

@@ -11,7 +11,9 @@ from proxy.plan.advice import (
     fastchat_advice,
     fits,
     prompt_budget,
+    proxy_window,
     recommended,
+    setting_or_none,
 )
 from proxy.plan.capacity import GIB, cdiv
 from proxy.plan.engine import EngineFigures
@@ -110,11 +112,11 @@ def engine_report(engine: EngineFigures, sessions: int, completion_reserve: int)
         "fits": budget >= completion_reserve,
         "exact": True,
         "recommended": {
-            "TRIMPROXY_MAX_PROMPT_TOKENS": budget if budget >= 1 else None,
-            "TRIMPROXY_CONTEXT_WINDOW": max_len,
+            "TRIMPROXY_MAX_PROMPT_TOKENS": setting_or_none(budget),
+            "TRIMPROXY_CONTEXT_WINDOW": proxy_window(max_len, completion_reserve),
             "TRIMPROXY_DEFAULT_COMPLETION_RESERVE": completion_reserve,
             "TRIMPROXY_MAX_COMPLETION_TOKENS": completion_cap(completion_reserve),
-            "TRIMPROXY_KV_ADMISSION": max(0, (usable - sessions) * engine.block_size),
+            "TRIMPROXY_KV_ADMISSION": setting_or_none((usable - sessions) * engine.block_size),
             "vllm_args": ["--max-num-seqs", str(sessions)],
             "fastchat_args": [],
         },
@@ -140,10 +142,15 @@ def _advice_lines(report: dict[str, Any]) -> list[str]:
     for key, value in rec.items():
         if key.isupper() and value is not None:
             lines.append(f"  {key}={value}")
+    planned = "gpus" in report  # a plan, not an engine's own figures
     if rec["vllm_args"]:
         lines.append(f"  vllm serve MODEL {' '.join(rec['vllm_args'])}")
+    elif planned:
+        lines.append("  vllm serve: no flags start it here: nothing is left for the KV cache")
     if rec["fastchat_args"]:
         lines.append(f"  python -m fastchat.serve.model_worker {' '.join(rec['fastchat_args'])}")
+    elif planned and report["device"] == "cuda":
+        lines.append("  fastchat model_worker: no flags: the weights do not fit the cards")
     lines.append("fallbacks, in order (when it does not fit):")
     for number, step in enumerate(report["fallbacks"], 1):
         effect = step.get("effect")

@@ -75,9 +75,13 @@ def _digest(*parts: bytes, size: int = 16) -> str:
     return h.hexdigest()
 
 
-def bearer_token(headers: Mapping[str, str]) -> str:
+def client_key(headers: Mapping[str, str]) -> str:
+    """The key the client sent: its ``Authorization: Bearer`` token, else its
+    ``X-Api-Key`` (both are keys to ``middleware.ApiKeys``)."""
     scheme, _, token = headers.get("authorization", "").partition(" ")
-    return token.strip() if scheme.lower() == "bearer" else ""
+    if scheme.lower() == "bearer":
+        return token.strip()
+    return headers.get("x-api-key", "").strip()
 
 
 def _echoable(value: str) -> bool:
@@ -88,7 +92,7 @@ def identify(
     headers: Mapping[str, str], header_name: str, user: str | None, messages: Sequence[Message]
 ) -> Identity:
     """The session of a request. ``headers`` is case-insensitive (Starlette's)."""
-    namespace = _digest(b"key", bearer_token(headers).encode())
+    namespace = _digest(b"key", client_key(headers).encode())
     client_id = headers.get(header_name) or None
     if client_id:
         source, raw = "header", client_id

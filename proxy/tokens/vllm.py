@@ -47,6 +47,16 @@ def _refused(exc: UpstreamCallFailed) -> bool:
     return exc.status is not None and exc.status != 200
 
 
+def refuse_without_tokenize(exc: UpstreamCallFailed) -> None:
+    """A 404 or 405 to ``POST /tokenize``: an upstream that has none (FastChat)."""
+    if exc.status in (404, 405):
+        raise ConfigError(
+            "TRIMPROXY_TOKENIZER=upstream: the upstream has no POST /tokenize "
+            f"(HTTP {exc.status}); only vLLM serves it. For FastChat set "
+            "TRIMPROXY_TOKENIZER=hf:<directory with the model's tokenizer files>"
+        ) from None
+
+
 def _digest(*parts: Any) -> bytes:
     return hashlib.blake2b(orjson.dumps(parts), digest_size=16).digest()
 
@@ -95,17 +105,19 @@ class VllmCounter:
             self.max_model_len = answer.max_model_len
         return answer
 
-    async def check(self) -> None:
-        """Start-up probe: a 404/405 means this upstream has no ``/tokenize``."""
+    async def probe(self) -> UpstreamCallFailed | None:
+        """One ``/tokenize`` call of a probe message; what went wrong, or None."""
         try:
             await self.tokenize([_PROBE_A], self._model)
         except UpstreamCallFailed as exc:
-            if exc.status in (404, 405):
-                raise ConfigError(
-                    "TRIMPROXY_TOKENIZER=upstream: the upstream has no POST /tokenize "
-                    f"(HTTP {exc.status}); only vLLM serves it. For FastChat set "
-                    "TRIMPROXY_TOKENIZER=hf:<directory with the model's tokenizer files>"
-                ) from None
+            return exc
+        return None
+
+    async def check(self) -> None:
+        """Start-up probe: a 404/405 means this upstream has no ``/tokenize``."""
+        exc = await self.probe()
+        if exc is not None:
+            refuse_without_tokenize(exc)
             if exc.status in (401, 403):
                 log.warning(
                     "upstream /tokenize answered HTTP %s to a probe: set "

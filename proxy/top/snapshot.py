@@ -22,6 +22,11 @@ from prometheus_client.parser import text_string_to_metric_families
 #: The label of the one engine of a proxy without ``engine``-labelled series.
 UPSTREAM = "upstream"
 
+#: The proxy's own routes: ``top``'s own reading of ``/metrics`` (and any other
+#: scrape or probe) is no client traffic, and counting it showed an idle proxy at one
+#: request a second. The rates and errors shown are those of the API routes.
+OWN_ROUTES = frozenset(("/metrics", "/healthz", "/readyz"))
+
 # Per-engine gauges: (the engine-labelled name, the unlabelled one for a single upstream).
 _ENGINE_GAUGES = {
     "kv_usage": (
@@ -95,7 +100,8 @@ class Snapshot:
     """When it was read (seconds, monotonic)."""
     engines: dict[str, EngineRow] = field(default_factory=dict)
     requests_by_code: dict[str, float] = field(default_factory=dict)
-    """``trimproxy_requests_total`` summed over routes, by status code."""
+    """``trimproxy_requests_total`` summed over the API routes (not ``OWN_ROUTES``), by
+    status code."""
     upstream_errors: dict[str, float] = field(default_factory=dict)
     trims: float = 0.0
     session_resets: float = 0.0
@@ -133,6 +139,8 @@ def _add(old: float | None, value: float) -> float:
 
 def _count(snap: Snapshot, name: str, labels: Mapping[str, str], value: float) -> None:
     if name == "trimproxy_requests_total":
+        if labels.get("route") in OWN_ROUTES:
+            return
         code = labels.get("code", "")
         snap.requests_by_code[code] = snap.requests_by_code.get(code, 0.0) + value
     elif name == "trimproxy_upstream_errors_total":

@@ -50,7 +50,8 @@ def _run(*args: str) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRIMPROXY_")}
     argv = [sys.executable, "-m", "proxy.cli", "plan", *args]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=_ROOT, env=env)
-    assert out.returncode == 0, out.stderr
+    # 1 says only that the default sessions do not fit; the sizes are what is checked.
+    assert out.returncode in (0, 1), out.stderr
     report: dict[str, Any] = json.loads(out.stdout)
     return report
 

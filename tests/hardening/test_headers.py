@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 import pytest
@@ -71,3 +72,34 @@ def test_hop_by_hop_and_credentials(
             assert "x-api-key" not in sent
             expected = "Bearer sk-upstream" if mode == "upstream_key" else None
             assert sent.get("authorization") == expected
+
+
+def test_proxy_keys_by_bearer_or_x_api_key_and_a_wrong_scheme_said(
+    proxy_server: StartProxy, sim_upstream: SimUpstream
+) -> None:
+    """``TRIMPROXY_API_KEYS`` takes a key as ``Authorization: Bearer`` or as
+    ``X-Api-Key`` (Anthropic's clients); another scheme is named in the 401, not
+    called a missing key. The proxy's key goes upstream in neither header."""
+    proxy = proxy_server(tokenizer="approx", upstream_metrics_interval=0, api_keys="sk-proxy")
+    path = "/v1/chat/completions"
+    answer = request(proxy.url, "POST", path, HELLO, headers={"x-api-key": "sk-proxy"})
+    assert answer.status == 200, answer.body
+    (record,) = sim_upstream.chat_requests()
+    sent = {name.lower(): value for name, value in record["headers"]}
+    assert "x-api-key" not in sent and "authorization" not in sent, sent
+
+    refused = {
+        "Basic c2stcHJveHk6": "The Authorization scheme must be Bearer, not Basic.",
+        "Bearer sk-wrong": "The API key is not valid.",
+        "": "The API key was missing.",
+    }
+    for auth, said in refused.items():
+        headers = {"authorization": auth} if auth else {}
+        answer = request(proxy.url, "POST", path, HELLO, headers=headers)
+        assert answer.status == 401, answer.body
+        message = json.loads(answer.body)["error"]["message"]
+        assert message.startswith(said), message
+        assert "X-Api-Key" in message and "Bearer" in message
+    wrong = request(proxy.url, "POST", path, HELLO, headers={"x-api-key": "sk-wrong"})
+    assert wrong.status == 401
+    assert len(sim_upstream.chat_requests()) == 1

@@ -100,3 +100,23 @@ def test_the_sims_listing_survives_a_deep_body(sim_upstream: SimUpstream) -> Non
     assert answer.status_code < 500
     (record,) = sim_upstream.chat_requests()
     assert record["body"].encode() == body and record["json"] is None
+
+
+@pytest.mark.parametrize("depth", [300, 2000])
+def test_too_deep_is_said_as_such_past_orjsons_own_limit(
+    proxy_server: StartProxy, sim_upstream: SimUpstream, depth: int
+) -> None:
+    """Past 1024 levels orjson stops reading with a decode error; the body is still
+    valid JSON, and the answer says it is too deep, as it does at 300 levels."""
+    proxy = proxy_server(tokenizer="approx", upstream_metrics_interval=0)
+    answer = httpx.post(
+        proxy.url + CHAT,
+        content=body_with(depth, "field"),
+        headers={"content-type": "application/json"},
+        timeout=30,
+    )
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["code"] == "invalid_request"
+    assert "nested more than 250 levels" in error["message"], error
+    assert sim_upstream.chat_requests() == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -19,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from proxy.plan.cli import parse_size
 from tests.support.processes import free_port
 
 CONFIGS = Path(__file__).with_name("configs")
@@ -181,7 +183,7 @@ def test_from_engine_takes_the_key_from_the_environment(
     engine: tuple[str, list[str | None]],
 ) -> None:
     url, seen = engine
-    _engine_report(url, env={"TRIMPROXY_UPSTREAM_API_KEY": KEY})
+    _engine_report(url, "--concurrency", "4", env={"TRIMPROXY_UPSTREAM_API_KEY": KEY})
     assert seen == [f"Bearer {KEY}"]
 
 
@@ -213,3 +215,96 @@ def test_from_engine_that_publishes_no_cache_config(sim_upstream_factory: Any) -
     out = plan("--from-engine", sim.url)
     assert out.returncode == 2
     assert "vllm:cache_config_info" in out.stderr
+
+
+def served_settings(recommended: dict[str, Any]) -> Any:
+    """The recommended ``TRIMPROXY_*`` values as ``trimproxy serve`` reads them: its
+    own validation (pydantic's ``ValidationError`` when it would refuse them)."""
+    from proxy.settings import Settings
+
+    values = {k.removeprefix("TRIMPROXY_").lower(): v for k, v in recommended.items()
+              if k.startswith("TRIMPROXY_") and v is not None}  # fmt: skip
+    return Settings(**values)
+
+
+def test_a_plan_that_does_not_fit_exits_1_and_recommends_only_what_starts() -> None:
+    """An 8 GiB card cannot hold Llama-3-8B's weights: exit 1 (docs/plan.md), and no
+    recommendation that serve or the engines would refuse: no KV admission of 0, no
+    --max-gpu-memory above the card, no vLLM flags for a cache of no blocks."""
+    out = plan(str(CONFIGS / "llama-3-8b.json"), "--gpu-memory", "8GiB", "--json")
+    assert out.returncode == 1, out.stderr
+    report = json.loads(out.stdout)
+    assert report["fits"] is False
+    rec = report["recommended"]
+    assert rec["TRIMPROXY_KV_ADMISSION"] is None
+    assert rec["TRIMPROXY_MAX_PROMPT_TOKENS"] is None
+    served_settings(rec)  # serve takes what is left
+    assert rec["fastchat_args"] == [] and rec["vllm_args"] == []
+    text = plan(str(CONFIGS / "llama-3-8b.json"), "--gpu-memory", "8GiB")
+    assert text.returncode == 1
+    assert "DO NOT FIT" in text.stdout
+    assert "TRIMPROXY_KV_ADMISSION" not in text.stdout and "--max-gpu-memory" not in text.stdout
+
+
+@pytest.mark.parametrize("config", sorted(p.name for p in CONFIGS.glob("*.json")))
+def test_every_recommendation_is_one_serve_and_the_engines_take(config: str) -> None:
+    from proxy.cli import _parser
+    from proxy.plan.cli import _report
+    from proxy.plan.config import ConfigError
+
+    for memory in ("8GiB", "24GiB", "80GiB"):
+        for sessions in ("1", "16", "256"):
+            argv = ["plan", str(CONFIGS / config), "--gpu-memory", memory,
+                    "--concurrency", sessions, "--max-model-len", "4096"]  # fmt: skip
+            try:
+                report = _report(_parser().parse_args(argv))
+            except ConfigError:
+                continue  # a shape this planner refuses by name (tested above)
+            rec = report["recommended"]
+            served_settings(rec)
+            vllm = rec["vllm_args"]
+            if "--gpu-memory-utilization" in vllm:
+                assert 0 < float(vllm[vllm.index("--gpu-memory-utilization") + 1]) <= 1
+            fastchat = rec["fastchat_args"]
+            if "--max-gpu-memory" in fastchat:
+                size = fastchat[fastchat.index("--max-gpu-memory") + 1]
+                assert parse_size(size) <= parse_size(memory), (config, memory, fastchat)
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--concurrency", "0"),
+        ("--gpu-memory-utilization", "1.5"),
+        ("--gpu-memory-utilization", "0"),
+        ("--tensor-parallel-size", "0"),
+        ("--max-model-len", "-5"),
+        ("--block-size", "0"),
+        ("--completion-reserve", "-1"),
+        ("--gpu-memory", "0GiB"),
+    ],
+)
+def test_a_value_no_engine_takes_is_refused_in_one_line(flag: str, value: str) -> None:
+    out = plan(str(CONFIGS / "llama-3-8b.json"), f"{flag}={value}")
+    assert out.returncode == 2, out.stdout
+    assert out.stdout == "" and "Traceback" not in out.stderr
+    assert out.stderr.splitlines()[-1].startswith(f"trimproxy plan: error: argument {flag}: ")
+
+
+def test_a_completion_reserve_that_fills_the_context_is_refused() -> None:
+    out = plan(str(CONFIGS / "llama-3-8b.json"), "--completion-reserve", "8191")
+    assert out.returncode == 2
+    (line,) = out.stderr.splitlines()
+    assert line.startswith("trimproxy plan: --completion-reserve: 8191 leaves no room")
+
+
+def test_every_flag_has_help_text() -> None:
+    from proxy.cli import _parser
+
+    commands = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
+    plan_parser = commands.choices["plan"]
+    for action in plan_parser._actions:
+        assert action.help, f"{action.option_strings or action.dest} has no help text"
+    out = plan("--help")
+    assert out.returncode == 0
+    assert "exit status: 0 when the sessions fit, 1 when they do not" in out.stdout

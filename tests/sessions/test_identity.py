@@ -48,6 +48,13 @@ def test_api_keys_namespace_every_id() -> None:
     assert fp_a.key != fp_b.key and fp_a.shown != fp_b.shown
 
 
+def test_an_x_api_key_namespaces_as_the_same_bearer_key_does() -> None:
+    by_bearer = ident({"authorization": "Bearer key-a"}, user="u")
+    by_header = ident({"x-api-key": "key-a"}, user="u")
+    assert by_header.key == by_bearer.key != ident({}, user="u").key
+    assert ident({"x-api-key": "key-b"}, user="u").key != by_bearer.key
+
+
 def test_keys_are_bounded_and_unsafe_ids_are_not_echoed() -> None:
     long_id = ident({}, user="u" * 10_000)
     odd_id = ident({}, user="line\nbreak é")
