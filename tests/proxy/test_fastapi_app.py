@@ -99,7 +99,10 @@ async def test_docs_and_openapi_list_the_proxys_routes(sim_upstream: SimUpstream
     schema = schema_answer.json()
     assert schema["info"]["title"] == "trimproxy"
     paths = schema["paths"]
-    assert set(paths) == {"/v1/chat/completions", "/v1/models", "/healthz", "/readyz", "/metrics"}
+    assert set(paths) == {
+        "/v1/chat/completions", "/v1/responses", "/v1/messages", "/v1/models", "/healthz",
+        "/readyz", "/metrics",
+    }  # fmt: skip
     assert set(paths["/v1/chat/completions"]) == {"post"}
     for path in ("/v1/models", "/healthz", "/readyz", "/metrics"):
         assert set(paths[path]) == {"get"}, path
