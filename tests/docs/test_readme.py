@@ -20,9 +20,14 @@ def blocks(language: str) -> list[str]:
 
 
 def test_the_first_block_sets_up_and_starts_the_demo_then_runs_the_tests() -> None:
-    first = blocks("bash")[0].splitlines()
+    lines = blocks("bash")[0].splitlines()
+    first = [line for line in lines if not line.startswith("#")]
     assert len(first) == 2, first
     setup, tests = first
+    # Before the suite's command, the block says what it costs and offers the fast loop.
+    said = " ".join(line for line in lines[: lines.index(tests)] if line.startswith("#"))
+    assert "minutes" in said and "apt-get" in said, said
+    assert "bash scripts/test.sh --fast" in said, said
     assert "pip install -e ." in setup and "openai" in setup.split("&&")[1]
     # The server goes to the background: the line ends, and the second one runs.
     assert re.search(r"\{ \.venv/bin/trimproxy serve --demo [^}]*& \}$", setup), setup
