@@ -71,8 +71,8 @@ def create_app(
         description=DESCRIPTION,
         lifespan=lifespan,
         # FastAPI's own OpenTelemetry off: the proxy's metrics and access log cover
-        # every request, and asking for OpenTelemetry's providers on each one costs
-        # about 4 us a request.
+        # every request, and asking for OpenTelemetry's providers on each one is a
+        # cost on every request (docs/performance.md §6).
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.router.routes.extend([*dialect_routes(), *routes()])
@@ -130,10 +130,11 @@ def settle_heap() -> None:
     (asyncio's futures and callbacks, exceptions with their tracebacks), so the
     collector runs all the time, and every full collection walks the whole heap: the
     modules, the tokenizer and the app, tens of thousands of objects that can never be
-    garbage. Frozen, they are never walked again; a full collection then stops taking
-    ~40 ms at a time (the p99 of a busy proxy). The first generation's threshold goes
-    from 700 to 10,000 allocations: fewer of the objects a request holds while it is in
-    flight live long enough to be moved on and walked again, for ~2 MB more at most.
+    garbage. Frozen, they are never walked again, and a full collection no longer
+    sets a busy proxy's p99 (docs/performance.md §6). The first generation's threshold
+    goes from CPython's default to ``_YOUNG_THRESHOLD`` allocations: fewer of the objects
+    a request holds while it is in flight live long enough to be moved on and walked
+    again, for a little more memory.
     For the serving process only: a process that builds many apps (the test suite)
     would keep each one's garbage for good.
     """

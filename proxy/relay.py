@@ -155,13 +155,13 @@ class Relay(Response):
                     await self._send_whole(send)
                 elif self._upstream.content.is_eof():
                     # All of it in already (a burst): no wait for a task to spare, and
-                    # making one would cost 1.3 % of such a stream.
+                    # making one would only cost (docs/performance.md §6).
                     await self._pump(send)
                 else:
                     # In a task of its own: each chunk's wait for the upstream then
                     # resumes the pump's few frames, not the dozen of the app and its
-                    # middleware awaiting it; about 3 % of a paced stream under
-                    # callgrind (4,096,818 -> 3,952,618 and 3,987,656 Ir in two runs).
+                    # middleware awaiting it: cheaper on every paced event
+                    # (docs/performance.md §6).
                     # Awaiting the task hands it a cancellation of this one.
                     await asyncio.get_running_loop().create_task(self._pump(send))
                 completed = True
@@ -182,15 +182,14 @@ class Relay(Response):
     async def _pump(self, send: Send) -> None:
         """The head, then the body chunk by chunk as aiohttp hands them over, all
         through ``send`` (or the ``body_send`` it names): every middleware sees every
-        byte. Sending the body past the middleware instead saved ~9 % of a paced
-        64-chunk stream under callgrind (none at 16 events), but a gzip, tracing or
-        metering middleware then missed it."""
+        byte. Sending the body past the middleware instead was cheaper on a paced
+        stream (docs/performance.md §6), but a gzip, tracing or metering middleware
+        then missed it."""
         await send(
             {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
         )
         # A send that only passes the body on after the head names where
-        # (``middleware.Accounting``): a call less per chunk, 2.7 % of a paced stream
-        # under callgrind (4,190,763 -> 4,078,815 Ir).
+        # (``middleware.Accounting``): a call less per chunk (docs/performance.md §6).
         send = getattr(send, "body_send", send)
         # Locals, not attributes, in the loop: it runs once per SSE event.
         on_first_byte = self._on_first_byte
@@ -362,7 +361,7 @@ class CancelOnDisconnect:
 
 #: Seconds before a request's client is watched. An answer that is over sooner (most
 #: non-streamed ones behind a fast engine) never pays for the watcher task, its
-#: ``receive`` and its cancellation (~6 us a request); one that takes longer
+#: ``receive`` and its cancellation (docs/performance.md §6); one that takes longer
 #: notices a client that left within this delay, well inside the 1.5 s that frees the
 #: engine's KV blocks in time (``test_client_disconnect_closes_the_upstream_at_once``).
 WATCH_DELAY = 0.25

@@ -54,7 +54,7 @@ async def read_body(request: Request, limit: int, timeout: float | None = None) 
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise _too_large(int(declared), limit)
     # The timer cancels this task; a flag tells its cancellation from anyone else's.
-    # (asyncio.timeout does the same with several times the work: ~5 us a request.)
+    # (asyncio.timeout does the same with several times the work: docs/performance.md §6.)
     task = asyncio.current_task()
     fired = False
 
@@ -137,7 +137,7 @@ class ChatRoute:
     accounting, the API keys and the in-flight limit, but the one route that carries
     the traffic skips the layers between there and the handler (Starlette's
     exception middleware, its router's matching, two exception wrappers around the
-    handler and around every ``send``), about 20 us a request (docs/architecture.md §1). It
+    handler and around every ``send``; docs/architecture.md §1, docs/performance.md §6). It
     answers a ``ProxyError`` as the app's handler does; anything else propagates to
     the same server-error handler as before.
     """

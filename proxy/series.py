@@ -2,8 +2,8 @@
 
 prometheus-client keeps each value behind its own mutex, and a histogram's
 ``observe`` is several Python calls, two locks and a loop over the bounds; a chat
-request records seven values, and that cost ~60 k instructions a request under
-callgrind, more than counting its prompt. Without multiprocess mode,
+request records seven values, and that cost more than counting its prompt
+(docs/performance.md §6). Without multiprocess mode,
 ``Metrics`` keeps those seven series here instead: the same counters, histograms and
 gauge, collected by prometheus-client's own registry into the same samples (names,
 labels, order, float values, ``_created``), so the exposition is byte for byte the

@@ -22,10 +22,8 @@ JSON_MEDIA_TYPE = "application/json"
 
 # Not frozen: a frozen dataclass sets every field through object.__setattr__, and
 # the per-request records (this one, PromptLimit, TrimPolicy, TrimResult, ChatRequest,
-# Prepared, Allowance, RoutedPath) are built on every request. Frozen, together with
-# a ByteLRU.get call per message in the counters' loops (now ByteLRU.lookups), a
-# trimmed approx request took 3.1 % more instructions (bench/callgrind_cost.py,
-# 1,244,799 against 1,206,860 Ir).
+# Prepared, Allowance, RoutedPath) are built on every request, and frozen ones cost
+# more on each (docs/performance.md §6).
 # Nothing writes to them after they are built: treat them as read-only.
 @dataclass(slots=True)
 class PromptCount:

@@ -99,7 +99,8 @@ class DnsResolver:
 
     def __init__(self, nameserver: str | None = None, timeout: float = 2.0) -> None:
         # Imported here, by the one proxy in many that names a dns+ upstream: the
-        # resolver's modules are ~50 ms of every other process's start (the CLIs too).
+        # resolver's modules would lengthen every other process's start, the CLIs'
+        # too (docs/performance.md §6).
         import dns.asyncresolver
 
         self._resolver = dns.asyncresolver.Resolver(configure=nameserver is None)

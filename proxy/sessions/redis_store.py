@@ -124,7 +124,7 @@ class RedisStore:
             timeout=timeout,  # waiting for a free connection
             socket_connect_timeout=timeout,
             # No per-read timeout: ``admit`` puts one deadline on the whole call, which
-            # costs one timer instead of one per socket read (~15% of the client's CPU).
+            # costs one timer instead of one per socket read (docs/performance.md §6).
             socket_timeout=None,
             # One immediate retry on a broken connection: the pooled sockets of a
             # Redis that restarted fail once, then reconnect. Timeouts are not retried.

@@ -10,6 +10,8 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+import struct
+import time
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -70,6 +72,46 @@ def read_all(sock: socket.socket) -> bytes:
             break
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def _proc_address(host: str, port: int) -> str:
+    """An address as ``/proc/net/tcp`` and ``tcp6`` write it: each 32-bit word of the
+    address in the kernel's byte order, in hex, then the port."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    raw = socket.inet_pton(family, host)
+    words = struct.unpack(f"={len(raw) // 4}I", raw)
+    return "".join(f"{word:08X}" for word in words) + f":{port:04X}"
+
+
+def _queues(local: str, remote: str) -> tuple[int, int] | None:
+    """``(tx_queue, rx_queue)`` of the established TCP socket from ``local`` to
+    ``remote`` on this machine, or None where there is none."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as lines:
+            for line in list(lines)[1:]:
+                fields = line.split()
+                if fields[1] == local and fields[2] == remote and fields[3] == "01":
+                    tx, rx = fields[4].split(":")
+                    return int(tx, 16), int(rx, 16)
+    return None
+
+
+def wait_until_read(sock: socket.socket, timeout: float = 10.0) -> None:
+    """Returns once the server on the other end of ``sock`` (a process on this
+    machine) has read all that was sent on it: the client's side has nothing
+    unacknowledged, the server's nothing unread. What a request's head brings about
+    (the app's task for it) is then under way. Fails after ``timeout`` seconds (a
+    hang guard, never a measure)."""
+    client = _proc_address(*sock.getsockname()[:2])
+    server = _proc_address(*sock.getpeername()[:2])
+    deadline = time.monotonic() + timeout
+    while True:
+        sent, read = _queues(client, server), _queues(server, client)
+        if sent is not None and read is not None and sent[0] == 0 and read[1] == 0:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not read within {timeout}s: client {sent}, server {read}")
+        time.sleep(0.01)
 
 
 def chat_head(path: str, length: int, extra: str = "") -> bytes:

@@ -72,8 +72,15 @@ def test_served_models_are_learned_again_after_the_refresh_interval(
     with httpx.Client(base_url=proxy.url, timeout=30) as client:
         answer = client.post(CHAT, json={**chat("sim-model"), "max_tokens": 4000})
         assert answer.status_code == 200, answer.text
+        listed = len(sim_upstream.requests("/v1/models"))
         sim_upstream.configure(max_model_len=1000)
-        time.sleep(1.5)  # past TRIMPROXY_MODELS_REFRESH
+        # Small requests until one, past TRIMPROXY_MODELS_REFRESH, has the proxy ask
+        # for the list again; the deadline is a hang guard, not a measure.
+        deadline = time.monotonic() + 15
+        while len(sim_upstream.requests("/v1/models")) == listed:
+            assert time.monotonic() < deadline, "the served models were never asked again"
+            assert client.post(CHAT, json=chat("sim-model")).status_code == 200
+            time.sleep(0.05)
         answer = client.post(CHAT, json={**chat("sim-model"), "max_tokens": 4000})
     assert answer.status_code == 400, answer.text
     assert answer.json()["error"]["code"] == "context_length_exceeded"

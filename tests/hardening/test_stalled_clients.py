@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import httpx
 
-from tests.hardening.raw import chat_head, open_socket, read_all
+from tests.hardening.raw import chat_head, open_socket, read_all, wait_until_read
 from tests.observability.promtext import scrape, wait_for_scrape
 from tests.support.processes import ProxyProcess
 from tests.support.sim import SimUpstream
@@ -53,9 +53,10 @@ def test_stalled_uploads_do_not_take_in_flight_slots(
     try:
         for sock in stalled:
             sock.sendall(chat_head(CHAT, len(BODY)) + BODY[:10])
-        # Every stalled request has reached the app by now (or never will): its head
-        # is in, its body is not.
-        time.sleep(0.5)
+        # Every stalled request has reached the app: the proxy has read its head and
+        # the start of its body, the rest never comes.
+        for sock in stalled:
+            wait_until_read(sock)
         assert scrape(proxy.url).value("trimproxy_requests_in_flight") == 0
         for _ in range(3):
             answer = httpx.post(proxy.url + CHAT, content=BODY, timeout=15)
@@ -123,7 +124,7 @@ def test_client_leaving_mid_body_is_499_without_traceback(
     for _ in range(3):
         with open_socket(proxy.url, timeout=15) as sock:
             sock.sendall(chat_head(CHAT, len(BODY)) + BODY[:10])
-            time.sleep(0.2)
+            wait_until_read(sock)  # the request is in the app when its client leaves
     wait_for_scrape(
         proxy.url,
         lambda s: s.value("trimproxy_requests_total", route=CHAT, code="499") == 3,

@@ -81,7 +81,7 @@ class HFCounter:
         self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="trimproxy-tok")
         backend = tokenizer.backend_tokenizer
         # A count never reads the offsets, which encode_batch_fast (tokenizers 0.20)
-        # does not compute: the same ids, ~30% less time on a fresh 1,000-token prompt.
+        # does not compute: the same ids in less time (docs/performance.md §6).
         encode_batch = getattr(backend, "encode_batch_fast", backend.encode_batch)
 
         def encode(texts: list[str]) -> list[int]:

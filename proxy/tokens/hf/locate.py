@@ -1,9 +1,8 @@
 """Where each message lies in a plain rendering of the chat template.
 
 The tracked rendering (``render``) learns each message's place by watching the
-template read it, and that costs as much again as rendering: 713 k instructions
-against 404 k for Jinja's plain render of the bench's 20 messages
-(``bench/parts.py``). Most templates write a message as a header that depends on
+template read it, and that costs as much again as rendering (docs/performance.md
+§6). Most templates write a message as a header that depends on
 its role only, then its text. After a plain render, such a message's place can be
 found instead: its role's header, searched for after the previous message's text,
 with its own text right after it. An assistant's tool-call turn (``content``
