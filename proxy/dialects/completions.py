@@ -16,14 +16,11 @@ from typing import Any
 
 import orjson
 
+from proxy.body import answers, common_fields, load_object, positive_int
 from proxy.dialects.conversation import (
     Conversation,
-    answers,
-    common_fields,
     count_of,
     json_object,
-    load_object,
-    positive_int,
 )
 from proxy.errors import InvalidRequest
 from proxy.types import JSONObject, Message

@@ -17,15 +17,10 @@ from typing import Any, Literal
 import orjson
 
 from proxy.errors import InvalidRequest
+from proxy.trimming import HEAD_ROLES
 from proxy.types import JSONObject, Message
 
 Endpoint = Literal["chat", "responses", "messages", "completions"]
-
-#: Deeper than orjson writes (it reads 1024 levels, writes fewer than 255): a body that
-#: could not be re-serialised after trimming is refused up front (as ``proxy.chat``).
-MAX_NESTING = 250
-
-HEAD_ROLES = frozenset(("system", "developer"))
 
 
 # Not frozen: read-only by convention (why: proxy.types, above PromptCount).
@@ -53,58 +48,6 @@ class Conversation:
     """Answers asked for per prompt."""
 
 
-def load_object(raw: bytes, needs: str) -> JSONObject:
-    """The body as a JSON object, or the 400 that says what to send (``needs``: the
-    fields the dialect requires, for the message)."""
-    try:
-        body: Any = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidRequest(
-            f"The request body is not valid JSON (error at byte {exc.pos}). "
-            f"Send a JSON object with {needs}.",
-            param=None,
-        ) from exc
-    if not isinstance(body, dict):
-        raise InvalidRequest(f"The request body must be a JSON object with {needs}.", param=None)
-    _check_nesting(body)
-    return body
-
-
-def _check_nesting(body: JSONObject) -> None:
-    # Serialising is the check itself, and cheaper than counting brackets (proxy.chat).
-    try:
-        orjson.dumps(body)
-    except orjson.JSONEncodeError:
-        raise InvalidRequest(
-            f"The request body is nested more than {MAX_NESTING} levels deep; this proxy "
-            "does not accept JSON that deep. Flatten the structure.",
-            param=None,
-        ) from None
-
-
-def positive_int(body: JSONObject, name: str, *, zero: bool = False) -> int | None:
-    """``body[name]`` as a positive integer (or zero when ``zero``), None when absent."""
-    value = body.get(name)
-    if value is None:
-        return None
-    least = 0 if zero else 1
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        kind = "a non-negative" if zero else "a positive"
-        raise InvalidRequest(f"'{name}' must be {kind} integer or null.", param=name)
-    return value
-
-
-def common_fields(body: JSONObject) -> tuple[str | None, bool]:
-    """``model`` and ``stream``, checked the same way in every dialect."""
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise InvalidRequest("'model' must be a string.", param="model")
-    stream = body.get("stream")
-    if stream is not None and not isinstance(stream, bool):
-        raise InvalidRequest("'stream' must be true or false.", param="stream")
-    return model, bool(stream)
-
-
 def object_list(body: JSONObject, name: str, what: str) -> list[JSONObject] | None:
     """``body[name]`` as a list of objects (``what`` names one in the message)."""
     value = body.get(name)
@@ -116,15 +59,6 @@ def object_list(body: JSONObject, name: str, what: str) -> list[JSONObject] | No
         if not isinstance(entry, dict):
             raise InvalidRequest(f"{name}[{i}] must be an object.", param=name)
     return value
-
-
-def answers(body: JSONObject) -> int:
-    """``n`` for the KV reservation; anything but an integer above one counts as one
-    (the engine refuses a bad value in its own words, as ``proxy.chat`` does)."""
-    value = body.get("n")
-    if isinstance(value, int) and not isinstance(value, bool) and value > 1:
-        return value
-    return 1
 
 
 def turn_roles(kinds: Sequence[str], keys: Sequence[Iterable[str]]) -> list[Message]:

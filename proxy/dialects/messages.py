@@ -14,14 +14,12 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from proxy.body import common_fields, load_object, positive_int
 from proxy.dialects.conversation import (
     Conversation,
-    common_fields,
     count_of,
     json_object,
-    load_object,
     object_list,
-    positive_int,
     rendered,
     turn_roles,
 )

@@ -13,13 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from proxy.body import common_fields, load_object, positive_int
 from proxy.dialects.conversation import (
     Conversation,
-    common_fields,
     count_of,
     json_object,
-    load_object,
-    positive_int,
     rendered,
     turn_roles,
 )
