@@ -7,6 +7,7 @@ import json
 import os
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,25 +53,24 @@ def _positive_size(text: str) -> int:
     return size
 
 
-def _positive(text: str) -> int:
-    """An int of at least 1: argparse refuses anything else with one line, exit 2."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value}: must be at least 1")
-    return value
+def _at_least(least: int) -> Callable[[str], int]:
+    """An argparse type: a whole number of at least ``least``; argparse refuses anything
+    else with one line, exit 2."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"{value}: must be at least {least}")
+        return value
+
+    return parse
 
 
-def _not_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value}: must be 0 or more")
-    return value
+_positive = _at_least(1)
+_not_negative = _at_least(0)
 
 
 def _utilization(text: str) -> float:
