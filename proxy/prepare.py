@@ -11,7 +11,7 @@ HTTP is spoken here: tests call it directly with an in-memory counter.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import orjson
@@ -156,16 +156,20 @@ async def limit_for(
     return PromptLimit(budget, window, reserve, asked, setting, allowance.setting or "max_tokens")
 
 
+#: The count of the kept messages (or items) of a request, as the engine renders them.
+Recount = Callable[[Sequence[int]], Awaitable[int]]
+
+
 async def prove_fits(
-    svc: Services,
-    chat: ChatRequest,
+    messages: Sequence[Message],
+    recount: Recount,
     count: PromptCount,
     policy: TrimPolicy,
     history_start: int,
     result: TrimResult,
 ) -> tuple[TrimResult, int]:
-    """Prove that ``result`` (``trim`` of ``chat`` under ``policy``) fits: returns the
-    result to forward and its count.
+    """Prove that ``result`` (``trim`` of ``messages`` under ``policy``) fits: returns
+    the result to forward and its count.
 
     A counter whose per-message split is not additive for every subset (the chat
     template renders a message differently by position) gets the kept list recounted;
@@ -176,34 +180,37 @@ async def prove_fits(
     else the refusal names its real count. An additive counter's sums are the count
     itself: the chat route awaits this only for the others.
     """
-    if len(result.kept) == len(chat.messages) or policy.budget is None:
+    if len(result.kept) == len(messages) or policy.budget is None:
         return result, result.tokens
     budget = policy.budget
     tightened = policy
     for _ in range(_RECOUNTS):
-        actual = await _recount(svc, chat, result.kept)
+        actual = await recount(result.kept)
         if actual <= budget:
             return result, actual
         excess = actual - result.tokens
         tightened = replace(tightened, budget=(tightened.budget or budget) - excess)
         try:
-            result = trim(chat.messages, count, tightened, history_start=history_start)
+            result = trim(messages, count, tightened, history_start=history_start)
         except ContextLengthExceeded:
             break
-    least = least_kept(chat.messages)
-    actual = await _recount(svc, chat, least)
+    least = least_kept(messages)
+    actual = await recount(least)
     if actual <= budget:
         return TrimResult(least, actual, "budget"), actual
     raise context_length_exceeded(actual, policy.limit or PromptLimit(budget))
 
 
-async def _recount(svc: Services, chat: ChatRequest, kept: Sequence[int]) -> int:
-    messages = [chat.messages[i] for i in kept]
-    return (await svc.counter.count(messages, tools=chat.tools, model=chat.model)).total
+def chat_recount(svc: Services, chat: ChatRequest) -> Recount:
+    async def recount(kept: Sequence[int]) -> int:
+        messages = [chat.messages[i] for i in kept]
+        return (await svc.counter.count(messages, tools=chat.tools, model=chat.model)).total
+
+    return recount
 
 
 def floor_if_surely_too_long(
-    svc: Services, chat: ChatRequest, budget: int | None, raw: bytes
+    svc: Services, messages: Sequence[Message], budget: int | None, raw: bytes
 ) -> int | None:
     """The cheap floor (``proxy.floor``) when it is over the budget, before counting."""
     if budget is None:
@@ -214,7 +221,7 @@ def floor_if_surely_too_long(
     # body that small cannot be over, and most are, so they skip the scan.
     if longest is None or size_floor(body_bytes, longest) <= budget:
         return None
-    return floor_over(chat.messages, longest, budget)
+    return floor_over(messages, longest, budget)
 
 
 def session_identity(
@@ -250,17 +257,22 @@ async def session_step(
     return admission.history_start
 
 
-def _long_model_name(model: str, most: int) -> InvalidRequest:
-    return InvalidRequest(
-        f"'model' is {len(model)} characters long; this proxy accepts names of at most "
-        f"{most} (TRIMPROXY_MAX_MODEL_NAME_LENGTH). Use a model name from GET /v1/models.",
-        param="model",
-    )
+def note_model(most: int, model: str | None, facts: RequestFacts) -> None:
+    """The request's model for the access line, checked before anything keeps or logs
+    it: the name is the client's, of any length."""
+    if model is not None and len(model) > most:
+        raise InvalidRequest(
+            f"'model' is {len(model)} characters long; this proxy accepts names of at most "
+            f"{most} (TRIMPROXY_MAX_MODEL_NAME_LENGTH). Use a model name from GET /v1/models.",
+            param="model",
+        )
+    facts.model = model
 
 
-async def _trimmed(
+async def trimmed(
     svc: Services,
-    chat: ChatRequest,
+    messages: Sequence[Message],
+    recount: Recount,
     count: PromptCount,
     limit: PromptLimit | None,
     history_start: int,
@@ -275,10 +287,10 @@ async def _trimmed(
         pin_first_user=settings.pin_first_user,
         limit=limit,
     )
-    result = trim(chat.messages, count, policy, history_start=history_start)
+    result = trim(messages, count, policy, history_start=history_start)
     if svc.counter.additive:
         return result, result.tokens
-    return await prove_fits(svc, chat, count, policy, history_start, result)
+    return await prove_fits(messages, recount, count, policy, history_start, result)
 
 
 async def prepare(
@@ -292,11 +304,7 @@ async def prepare(
     ``headers``: the request's, case-insensitive (its session identity); ``facts``: its
     access-log record, filled in as the facts become known."""
     settings = svc.settings
-    # Before anything keeps or logs it: the name is the client's, of any length.
-    if chat.model is not None and len(chat.model) > settings.max_model_name_length:
-        raise _long_model_name(chat.model, settings.max_model_name_length)
-    facts.model = chat.model
-
+    note_model(settings.max_model_name_length, chat.model, facts)
     history_start, out = 0, dict[str, str]()
     ident = session_identity(svc, headers, chat.user, chat.messages)
     if ident is not None and svc.sessions is not None:
@@ -304,7 +312,7 @@ async def prepare(
     upstream, allowance = apply_allowance(svc, chat, out)
     limit = await limit_for(svc, chat, allowance)
     budget = None if limit is None else limit.budget
-    if limit is not None and (floor := floor_if_surely_too_long(svc, chat, budget, raw)):
+    if limit is not None and (floor := floor_if_surely_too_long(svc, chat.messages, budget, raw)):
         raise context_length_exceeded(floor, limit, at_least=True)
     count = await svc.counter.count(chat.messages, tools=chat.tools, model=chat.model)
     metrics = await model_series(svc, chat.model)
@@ -314,7 +322,8 @@ async def prepare(
     if fits_whole(count.total, budget, settings.max_history_turns, history_start):
         forwarded, dropped, body = count.total, 0, untrimmed(raw, chat, upstream)
     else:
-        result, forwarded = await _trimmed(svc, chat, count, limit, history_start)
+        recount = chat_recount(svc, chat)
+        result, forwarded = await trimmed(svc, chat.messages, recount, count, limit, history_start)
         dropped = result.dropped(len(chat.messages))
         if dropped:
             reason = result.reason or "budget"

@@ -11,32 +11,33 @@ every kept item the client's own object.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from proxy.admission.allowance import Allowance, capped_headers
 from proxy.dependencies import Services
 from proxy.dialects.conversation import Conversation
-from proxy.errors import ContextLengthExceeded, context_length_exceeded
-from proxy.floor import floor_over
+from proxy.errors import context_length_exceeded
 from proxy.logs import RequestFacts
 from proxy.prepare import (
     PROMPT_TOKENS,
     TRIMMED_MESSAGES,
     Prepared,
+    Recount,
     completion_allowance,
+    floor_if_surely_too_long,
     limit_for,
     model_series,
+    note_model,
     session_identity,
     session_step,
+    trimmed,
 )
-from proxy.trimming import TrimPolicy, TrimResult, fits_whole, least_kept, trim
-from proxy.types import JSONObject, Message, PromptCount, PromptLimit
+from proxy.trimming import TrimResult, fits_whole
+from proxy.types import JSONObject, Message, PromptCount
 
 ToChat = Callable[[Conversation, Sequence[int]], tuple[list[Message], list[int]]]
 Render = Callable[[Conversation, Sequence[int], int | None], bytes]
 Tools = Callable[[Conversation, Sequence[int]], list[JSONObject] | None]
-# Rounds of recount-and-tighten before giving up on a non-additive counter.
-_RECOUNTS = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,27 +58,27 @@ def wire(endpoint: str, to_chat: ToChat, render: Render, tools: Tools | None = N
     return Wire(endpoint, to_chat, render, tools or _tools)
 
 
-class _Counting:
-    """Counts kept items as the engine renders them, and per item."""
+def _recount(svc: Services, w: Wire, conv: Conversation) -> Recount:
+    """The count of kept items as the engine renders them (the dialect's ``to_chat``)."""
 
-    def __init__(self, svc: Services, w: Wire, conv: Conversation) -> None:
-        self.svc, self.wire, self.conv = svc, w, conv
+    async def recount(kept: Sequence[int]) -> int:
+        messages, _ = w.to_chat(conv, kept)
+        tools = w.tools(conv, kept)
+        return (await svc.counter.count(messages, tools=tools, model=conv.model)).total
 
-    async def total(self, kept: Sequence[int]) -> int:
-        messages, _ = self.wire.to_chat(self.conv, kept)
-        tools = self.wire.tools(self.conv, kept)
-        counted = await self.svc.counter.count(messages, tools=tools, model=self.conv.model)
-        return counted.total
+    return recount
 
-    async def per_item(self) -> tuple[PromptCount, list[Message]]:
-        everything = range(len(self.conv.items))
-        messages, owner = self.wire.to_chat(self.conv, everything)
-        tools = self.wire.tools(self.conv, everything)
-        counted = await self.svc.counter.count(messages, tools=tools, model=self.conv.model)
-        per = [0] * len(self.conv.items)
-        for j, tokens in enumerate(counted.per_message):
-            per[owner[j]] += tokens
-        return PromptCount(tuple(per), counted.overhead), messages
+
+async def _per_item(
+    svc: Services, w: Wire, conv: Conversation, messages: list[Message], owner: list[int]
+) -> PromptCount:
+    """The count of every item: each chat message's tokens go to the item it came from."""
+    tools = w.tools(conv, range(len(conv.items)))
+    counted = await svc.counter.count(messages, tools=tools, model=conv.model)
+    per = [0] * len(conv.items)
+    for j, tokens in enumerate(counted.per_message):
+        per[owner[j]] += tokens
+    return PromptCount(tuple(per), counted.overhead)
 
 
 def session_view(conv: Conversation) -> list[Message]:
@@ -91,7 +92,7 @@ async def prepare_conversation(
     facts: RequestFacts,
 ) -> Prepared:  # fmt: skip
     """Session, budget, count, trim of a dialect's request: what to forward."""
-    facts.model = conv.model
+    note_model(svc.settings.max_model_name_length, conv.model, facts)
     out: dict[str, str] = {}
     view = session_view(conv)
     ident = session_identity(svc, headers, conv.user, view)
@@ -101,13 +102,19 @@ async def prepare_conversation(
     allowance = completion_allowance(svc, conv)
     cap = _capped(allowance, out)
     limit = await limit_for(svc, conv, allowance)
-    counting = _Counting(svc, w, conv)
-    count, messages = await counting.per_item()
-    _refuse_surely_over(svc, messages, limit)
+    budget = None if limit is None else limit.budget
+    messages, owner = w.to_chat(conv, range(len(conv.items)))
+    if limit is not None and (floor := floor_if_surely_too_long(svc, messages, budget, raw)):
+        raise context_length_exceeded(floor, limit, at_least=True)
+    count = await _per_item(svc, w, conv, messages, owner)
     metrics = await model_series(svc, conv.model)
     metrics.prompt_received.observe(count.total)
     facts.prompt_tokens_received = count.total
-    result = await _keep(svc, conv, count, limit, history_start, counting)
+    if fits_whole(count.total, budget, svc.settings.max_history_turns, history_start):
+        result = TrimResult(tuple(range(len(conv.items))), count.total, None)
+    else:
+        recount = _recount(svc, w, conv)
+        result, _ = await trimmed(svc, conv.roles, recount, count, limit, history_start)
     dropped = result.dropped(len(conv.items))
     reason = (result.reason or "budget") if dropped else None
     if dropped:
@@ -119,9 +126,9 @@ async def prepare_conversation(
     out[TRIMMED_MESSAGES] = str(dropped)
     return Prepared(
         body=body, received_tokens=count.total, forwarded_tokens=result.tokens,
-        dropped=dropped, trim_reason=reason, budget=None if limit is None else limit.budget,
-        headers=out, session_id=facts.session_id, reserve=allowance.tokens,
-        allowance=allowance, series=metrics, session_key=ident.key if ident else None,
+        dropped=dropped, trim_reason=reason, budget=budget, headers=out,
+        session_id=facts.session_id, reserve=allowance.tokens, allowance=allowance,
+        series=metrics, session_key=ident.key if ident else None,
     )  # fmt: skip
 
 
@@ -131,56 +138,3 @@ def _capped(allowance: Allowance, out: dict[str, str]) -> int | None:
         return None
     out.update(capped_headers(allowance))
     return allowance.tokens
-
-
-def _refuse_surely_over(svc: Services, messages: list[Message], limit: PromptLimit | None) -> None:
-    longest = svc.counter.max_token_chars
-    if limit is None or longest is None:
-        return
-    floor = floor_over(messages, longest, limit.budget)
-    if floor is not None:
-        raise context_length_exceeded(floor, limit, at_least=True)
-
-
-async def _keep(
-    svc: Services,
-    conv: Conversation,
-    count: PromptCount,
-    limit: PromptLimit | None,
-    history_start: int,
-    counting: _Counting,
-) -> TrimResult:
-    """The items to forward and their count, proved by a recount for a counter that is
-    not additive (as ``proxy.prepare.prove_fits``)."""
-    settings = svc.settings
-    budget = None if limit is None else limit.budget
-    n = len(conv.items)
-    if fits_whole(count.total, budget, settings.max_history_turns, history_start):
-        return TrimResult(tuple(range(n)), count.total, None)
-    policy = TrimPolicy(
-        budget=budget,
-        target=settings.trim_target,
-        max_history_turns=settings.max_history_turns,
-        pin_first_user=settings.pin_first_user,
-        limit=limit,
-    )
-    result = trim(conv.roles, count, policy, history_start=history_start)
-    if svc.counter.additive or len(result.kept) == n or budget is None:
-        return result
-    tightened = policy
-    for _ in range(_RECOUNTS):
-        actual = await counting.total(result.kept)
-        if actual <= budget:
-            return replace(result, tokens=actual)
-        tightened = replace(
-            tightened, budget=(tightened.budget or budget) - (actual - result.tokens)
-        )
-        try:
-            result = trim(conv.roles, count, tightened, history_start=history_start)
-        except ContextLengthExceeded:
-            break
-    least = least_kept(conv.roles)
-    actual = await counting.total(least)
-    if actual <= budget:
-        return TrimResult(least, actual, "budget")
-    raise context_length_exceeded(actual, limit or PromptLimit(budget))

@@ -121,3 +121,14 @@ async def test_background_responses_are_refused(proxy_url: str, sim: SimUpstream
     assert r.status_code == 400
     assert r.json()["error"]["param"] == "background"
     assert sim.requests("/v1/responses") == []
+
+
+async def test_a_model_name_past_the_limit_is_refused_before_anything_keeps_it(
+    proxy_url: str, sim: SimUpstream
+) -> None:
+    body = {"model": "m" * 5000, "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
+    async with httpx.AsyncClient() as client:
+        r = await client.post(f"{proxy_url}/v1/messages", json=body)
+    assert r.status_code == 400
+    assert "TRIMPROXY_MAX_MODEL_NAME_LENGTH" in r.json()["error"]["message"]
+    assert sim.requests("/v1/messages") == []
