@@ -38,8 +38,7 @@ class Fleet:
         self._metrics = metrics
         self.gates: Gates = {}
         """Every engine's KV gate where admission is on (handed to ``Services``)."""
-        self._settings: dict[int, Settings] = {}
-        self._upstreams: list[Upstream] = []
+        self._upstreams: list[tuple[Upstream, Settings]] = []
         self._aggregate: Upstream | None = None
         self._scrapers: dict[Engine, UpstreamScraper] = {}
         self._probers: list[Prober] = []
@@ -64,47 +63,42 @@ class Fleet:
             if gate is not None:
                 self.gates[engine] = gate
             engine.state_known()
-            self._settings[id(engine)] = settings
             return engine
 
         return build
 
-    def upstreams(self) -> list[Upstream]:
-        return list(self._upstreams)
-
     def start(self, table: ModelRoutes) -> None:
-        """Scrape every engine of ``table``'s upstreams; probe those of several."""
-        self._upstreams = list(table.upstreams)
+        """Scrape every engine of ``table``'s upstreams, each with the settings of the
+        first route that uses it (the top level first); probe those of several."""
+        seen: dict[int, tuple[Upstream, Settings]] = {}
+        for route in (table.default, *table.by_name.values()):
+            seen.setdefault(id(route.upstream), (route.upstream, route.settings))
+        self._upstreams = list(seen.values())
         self._aggregate = table.default.upstream
-        for upstream in self._upstreams:
+        for upstream, settings in self._upstreams:
             for engine in upstream.engines.all():
-                self._attach(upstream, engine)
-            upstream.engines.subscribe(self._listener(upstream))
+                self._attach(upstream, settings, engine)
+            upstream.engines.subscribe(self._listener(upstream, settings))
             if upstream.lone is None:  # a lone engine comes back by the calls that reach it
-                settings = self._settings_of(upstream)
                 prober = Prober(upstream, settings.ready_timeout)
                 prober.start()
                 self._probers.append(prober)
 
-    def _settings_of(self, upstream: Upstream) -> Settings:
-        engines = upstream.engines.all()
-        if engines:
-            return self._settings[id(engines[0])]
-        return next(iter(self._settings.values()))
-
-    def _listener(self, upstream: Upstream) -> Callable[[Sequence[Engine], Sequence[Engine]], None]:
+    def _listener(
+        self, upstream: Upstream, settings: Settings
+    ) -> Callable[[Sequence[Engine], Sequence[Engine]], None]:
         def changed(added: Sequence[Engine], removed: Sequence[Engine]) -> None:
             for engine in added:
-                self._attach(upstream, engine)
+                self._attach(upstream, settings, engine)
             for engine in removed:
                 self._spawn(self._detach(engine))
 
         return changed
 
-    def _attach(self, upstream: Upstream, engine: Engine) -> None:
+    def _attach(self, upstream: Upstream, settings: Settings, engine: Engine) -> None:
         gate = self.gates.get(engine)
         scraper = build_scraper(
-            self._settings[id(engine)],
+            settings,
             upstream,
             self._metrics,
             gate.observe_engine if gate is not None else None,
@@ -120,7 +114,6 @@ class Fleet:
         if scraper is not None:
             await scraper.stop()
         gate = self.gates.pop(engine, None)
-        self._settings.pop(id(engine), None)
         if gate is not None:
             await gate.aclose()
 
