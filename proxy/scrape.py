@@ -61,15 +61,11 @@ def next_delay(previous: float, ok: bool, interval: float) -> float:
     return min(previous * 2, max(_MAX_BACKOFF, interval))
 
 
-#: The name this module gave it first; the record is the engines' own now.
-UpstreamStats = EngineStats
-
-
-def parse_stats(text: str) -> UpstreamStats:
+def parse_stats(text: str) -> EngineStats:
     """The upstream's numbers, aggregated over its label sets (engines, models):
     ``vllm_metrics.engine_figures``, KV usage the fullest engine's, counts summed."""
     kv, summed = engine_figures(text)
-    return UpstreamStats(
+    return EngineStats(
         kv,
         summed.get(RUNNING),
         summed.get(WAITING),

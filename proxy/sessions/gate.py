@@ -30,8 +30,6 @@ class Admission:
     history_start: int = 0
     """Index into the request's messages before which the session dropped history."""
     headers: Mapping[str, str] = field(default_factory=dict)
-    key: str | None = None
-    """The session's identity (``identify``), for session routing to hash as it is."""
 
 
 SESSION_ID = "x-trimproxy-session-id"
@@ -76,7 +74,7 @@ class Sessions:
         headers = {SESSION_ID: ident.shown}
         conversation = hash_conversation(messages)
         if conversation.user_turns == 0:
-            return Admission(0, headers, ident.key)  # no user turn yet: nothing to count
+            return Admission(0, headers)  # no user turn yet: nothing to count
         try:
             decision = await self.store.admit(ident.key, conversation, self.limits)
         except StoreUnavailable:
@@ -88,7 +86,7 @@ class Sessions:
                     "Retry in a few seconds.",
                     headers={"retry-after": "1"},
                 ) from None
-            return Admission(0, headers, ident.key)  # open: served without session limits
+            return Admission(0, headers)  # open: served without session limits
         held = self.store.held()
         if held is not None:
             self.metrics.sessions_held.set(held)
@@ -100,7 +98,7 @@ class Sessions:
         if decision.outcome == "reset":
             headers[SESSION_RESET] = "1"
         start = conversation.user_starts[decision.base] if decision.base else 0
-        return Admission(start, headers, ident.key)
+        return Admission(start, headers)
 
     def _rejection(self, decision: Decision, shown: str, headers: dict[str, str]) -> ProxyError:
         advice = "Start a new conversation: a request with one user message opens a new session."
