@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 
 import orjson
 
@@ -272,7 +273,7 @@ def note_model(most: int, model: str | None, facts: RequestFacts) -> None:
 async def trimmed(
     svc: Services,
     messages: Sequence[Message],
-    recount: Recount,
+    recount: Callable[[], Recount],
     count: PromptCount,
     limit: PromptLimit | None,
     history_start: int,
@@ -290,7 +291,7 @@ async def trimmed(
     result = trim(messages, count, policy, history_start=history_start)
     if svc.counter.additive:
         return result, result.tokens
-    return await prove_fits(messages, recount, count, policy, history_start, result)
+    return await prove_fits(messages, recount(), count, policy, history_start, result)
 
 
 async def prepare(
@@ -306,7 +307,9 @@ async def prepare(
     settings = svc.settings
     note_model(settings.max_model_name_length, chat.model, facts)
     history_start, out = 0, dict[str, str]()
-    ident = session_identity(svc, headers, chat.user, chat.messages)
+    ident = None
+    if svc.sessions is not None or settings.routing == "session":
+        ident = session_identity(svc, headers, chat.user, chat.messages)
     if ident is not None and svc.sessions is not None:
         history_start = await session_step(svc, ident, chat.messages, facts, out)
     upstream, allowance = apply_allowance(svc, chat, out)
@@ -322,7 +325,7 @@ async def prepare(
     if fits_whole(count.total, budget, settings.max_history_turns, history_start):
         forwarded, dropped, body = count.total, 0, untrimmed(raw, chat, upstream)
     else:
-        recount = chat_recount(svc, chat)
+        recount = partial(chat_recount, svc, chat)  # built only for a counter that recounts
         result, forwarded = await trimmed(svc, chat.messages, recount, count, limit, history_start)
         dropped = result.dropped(len(chat.messages))
         if dropped:

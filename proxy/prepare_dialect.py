@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from proxy.admission.allowance import Allowance, capped_headers
 from proxy.dependencies import Services
@@ -113,7 +114,7 @@ async def prepare_conversation(
     if fits_whole(count.total, budget, svc.settings.max_history_turns, history_start):
         result = TrimResult(tuple(range(len(conv.items))), count.total, None)
     else:
-        recount = _recount(svc, w, conv)
+        recount = partial(_recount, svc, w, conv)
         result, _ = await trimmed(svc, conv.roles, recount, count, limit, history_start)
     dropped = result.dropped(len(conv.items))
     reason = (result.reason or "budget") if dropped else None
