@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from functools import partial
 
 import orjson
 
@@ -32,6 +31,7 @@ from proxy.logs import RequestFacts
 from proxy.metrics import OTHER_MODEL, ModelSeries
 from proxy.sessions.gate import SESSION_ID
 from proxy.sessions.identity import Identity, identify
+from proxy.settings import Settings
 from proxy.trimming import TrimPolicy, TrimResult, fits_whole, least_kept, trim
 from proxy.types import Asking, Message, PromptCount, PromptLimit
 
@@ -270,17 +270,15 @@ def note_model(most: int, model: str | None, facts: RequestFacts) -> None:
     facts.model = model
 
 
-async def trimmed(
-    svc: Services,
+def trim_to(
+    settings: Settings,
     messages: Sequence[Message],
-    recount: Callable[[], Recount],
     count: PromptCount,
     limit: PromptLimit | None,
     history_start: int,
-) -> tuple[TrimResult, int]:
-    """What to keep of a prompt over its budget or turn limit, and its count (proved
-    by a recount for a counter that is not additive)."""
-    settings = svc.settings
+) -> tuple[TrimPolicy, TrimResult]:
+    """What to keep of a prompt over its budget or turn limit, under the settings'
+    policy; a counter that is not additive proves it next (``prove_fits``)."""
     policy = TrimPolicy(
         budget=None if limit is None else limit.budget,
         target=settings.trim_target,
@@ -288,10 +286,17 @@ async def trimmed(
         pin_first_user=settings.pin_first_user,
         limit=limit,
     )
-    result = trim(messages, count, policy, history_start=history_start)
-    if svc.counter.additive:
-        return result, result.tokens
-    return await prove_fits(messages, recount(), count, policy, history_start, result)
+    return policy, trim(messages, count, policy, history_start=history_start)
+
+
+def note_forwarded(
+    metrics: ModelSeries, facts: RequestFacts, out: dict[str, str], forwarded: int, dropped: int
+) -> None:
+    """The forwarded prompt in the metrics, the access line and the response headers."""
+    metrics.prompt_forwarded.observe(forwarded)
+    facts.prompt_tokens_forwarded, facts.messages_dropped = forwarded, dropped
+    out[PROMPT_TOKENS] = str(forwarded)
+    out[TRIMMED_MESSAGES] = str(dropped)
 
 
 async def prepare(
@@ -307,9 +312,8 @@ async def prepare(
     settings = svc.settings
     note_model(settings.max_model_name_length, chat.model, facts)
     history_start, out = 0, dict[str, str]()
-    ident = None
-    if svc.sessions is not None or settings.routing == "session":
-        ident = session_identity(svc, headers, chat.user, chat.messages)
+    wanted = svc.sessions is not None or settings.routing == "session"
+    ident = session_identity(svc, headers, chat.user, chat.messages) if wanted else None
     if ident is not None and svc.sessions is not None:
         history_start = await session_step(svc, ident, chat.messages, facts, out)
     upstream, allowance = apply_allowance(svc, chat, out)
@@ -321,23 +325,24 @@ async def prepare(
     metrics = await model_series(svc, chat.model)
     metrics.prompt_received.observe(count.total)
     facts.prompt_tokens_received = count.total
-    reason: str | None = None
     if fits_whole(count.total, budget, settings.max_history_turns, history_start):
-        forwarded, dropped, body = count.total, 0, untrimmed(raw, chat, upstream)
+        forwarded, dropped, body, reason = count.total, 0, untrimmed(raw, chat, upstream), None
     else:
-        recount = partial(chat_recount, svc, chat)  # built only for a counter that recounts
-        result, forwarded = await trimmed(svc, chat.messages, recount, count, limit, history_start)
+        policy, result = trim_to(settings, chat.messages, count, limit, history_start)
+        forwarded = result.tokens
+        if not svc.counter.additive:
+            recount = chat_recount(svc, chat)
+            result, forwarded = await prove_fits(
+                chat.messages, recount, count, policy, history_start, result
+            )
         dropped = result.dropped(len(chat.messages))
         if dropped:
             reason = result.reason or "budget"
             body = with_messages(upstream, [chat.messages[i] for i in result.kept])
             metrics.trimmed(dropped, max(0, count.total - forwarded), reason)
         else:
-            body = untrimmed(raw, chat, upstream)
-    metrics.prompt_forwarded.observe(forwarded)
-    facts.prompt_tokens_forwarded, facts.messages_dropped = forwarded, dropped
-    out[PROMPT_TOKENS] = str(forwarded)
-    out[TRIMMED_MESSAGES] = str(dropped)
+            body, reason = untrimmed(raw, chat, upstream), None
+    note_forwarded(metrics, facts, out, forwarded, dropped)
     return Prepared(
         body=body,
         received_tokens=count.total,

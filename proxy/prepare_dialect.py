@@ -11,8 +11,7 @@ every kept item the client's own object.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from functools import partial
+from dataclasses import dataclass, replace
 
 from proxy.admission.allowance import Allowance, capped_headers
 from proxy.dependencies import Services
@@ -20,18 +19,18 @@ from proxy.dialects.conversation import Conversation
 from proxy.errors import context_length_exceeded
 from proxy.logs import RequestFacts
 from proxy.prepare import (
-    PROMPT_TOKENS,
-    TRIMMED_MESSAGES,
     Prepared,
     Recount,
     completion_allowance,
     floor_if_surely_too_long,
     limit_for,
     model_series,
+    note_forwarded,
     note_model,
+    prove_fits,
     session_identity,
     session_step,
-    trimmed,
+    trim_to,
 )
 from proxy.trimming import TrimResult, fits_whole
 from proxy.types import JSONObject, Message, PromptCount
@@ -114,17 +113,19 @@ async def prepare_conversation(
     if fits_whole(count.total, budget, svc.settings.max_history_turns, history_start):
         result = TrimResult(tuple(range(len(conv.items))), count.total, None)
     else:
-        recount = partial(_recount, svc, w, conv)
-        result, _ = await trimmed(svc, conv.roles, recount, count, limit, history_start)
+        policy, result = trim_to(svc.settings, conv.roles, count, limit, history_start)
+        if not svc.counter.additive:
+            recount = _recount(svc, w, conv)
+            result, tokens = await prove_fits(
+                conv.roles, recount, count, policy, history_start, result
+            )
+            result = replace(result, tokens=tokens)
     dropped = result.dropped(len(conv.items))
     reason = (result.reason or "budget") if dropped else None
     if dropped:
         metrics.trimmed(dropped, max(0, count.total - result.tokens), reason or "budget")
     body = raw if not dropped and cap is None else w.render(conv, result.kept, cap)
-    metrics.prompt_forwarded.observe(result.tokens)
-    facts.prompt_tokens_forwarded, facts.messages_dropped = result.tokens, dropped
-    out[PROMPT_TOKENS] = str(result.tokens)
-    out[TRIMMED_MESSAGES] = str(dropped)
+    note_forwarded(metrics, facts, out, result.tokens, dropped)
     return Prepared(
         body=body, received_tokens=count.total, forwarded_tokens=result.tokens,
         dropped=dropped, trim_reason=reason, budget=budget, headers=out,
