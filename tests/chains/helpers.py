@@ -37,11 +37,12 @@ def turn(
     stream: bool,
     tag: str = "a",
     max_output_tokens: int = 16,
+    model: str = "sim-model",
 ) -> Turn:
     """One turn of a chain: its own input only, continuing ``previous``."""
     extra: dict[str, Any] = {"previous_response_id": previous} if previous else {}
     raw = client.responses.with_raw_response.create(
-        model="sim-model",
+        model=model,
         instructions=INSTRUCTIONS,
         input=[{"role": "user", "content": words(n, tag)}],
         max_output_tokens=max_output_tokens,
