@@ -117,5 +117,9 @@ def build_keeper(settings: Settings, metrics: Metrics) -> Keeper:
 
         store = RedisStore(settings.redis_url, settings.response_store_ttl)
     else:
+        if settings.workers > 1:
+            log.warning("each of the %d workers holds its own stored responses, and a "
+                        "previous_response_id another one stored is not found: set "
+                        "TRIMPROXY_REDIS_URL for one view", settings.workers)  # fmt: skip
         store = MemoryStore(settings.response_store_entries, settings.response_store_ttl)
     return Keeper(store, metrics)

@@ -13,6 +13,7 @@ from openai.types.responses import Response
 
 from tests.chains.helpers import INSTRUCTIONS, Turn, sent_bodies, texts, turn, words
 from tests.conftest import StartProxy
+from tests.sessions.helpers import metric_value
 from tests.support.processes import ProxyProcess
 from tests.support.sim import SimUpstream
 
@@ -79,6 +80,11 @@ def test_get_delete_and_unknown_ids(proxy_server: StartProxy, sim_upstream: SimU
     assert unknown.value.code == "previous_response_not_found"
     assert unknown.value.param == "previous_response_id"
     assert sim_upstream.requests("/v1/responses") == []  # never forwarded
+    text = httpx.get(f"{proxy.url}/metrics", timeout=10).text
+    lookups = "trimproxy_response_store_lookups_total"
+    assert metric_value(text, lookups, outcome="hit") == 1  # the delete
+    assert metric_value(text, lookups, outcome="miss") == 3  # retrieve, delete, previous
+    assert metric_value(text, "trimproxy_response_store_entries") == 0
 
 
 def test_store_false_is_not_kept_and_another_key_sees_nothing(
