@@ -79,7 +79,7 @@ async def link(svc: Services, conv: Conversation, headers: Mapping[str, str]) ->
             svc.keeper.key(headers, previous), previous, "previous_response_id"
         )
         del out["previous_response_id"]
-        items = [*stored.items(), *_own_items(conv)]
+        items = [*stored.items(), *input_items(conv)]
         conv = responses.with_input(replace(conv, body=out), items)
         out = conv.body
         if stored.session_key is not None:
@@ -90,18 +90,14 @@ async def link(svc: Services, conv: Conversation, headers: Mapping[str, str]) ->
     return Link(conv, orjson.dumps(out), keep, session)
 
 
-def _own_items(conv: Conversation) -> list[Any]:
-    """The request's own input as items (a string input is one user message)."""
+def input_items(conv: Conversation) -> list[Any]:
+    """The request's ``input`` as items (a string input is one user message). Of a
+    linked request, what is stored: its whole input, the chain expanded, before
+    trimming; ``instructions`` are not carried to the next response, as OpenAI's."""
     value = conv.body.get("input")
     if isinstance(value, str):
         return [{"role": "user", "content": value}]
     return list(value) if isinstance(value, list) else []
-
-
-def kept_input(conv: Conversation) -> list[Any]:
-    """What is stored of a linked request: its whole input (the chain expanded, before
-    trimming); ``instructions`` are not carried to the next response, as OpenAI's."""
-    return _own_items(conv)
 
 
 def keeping(
@@ -117,7 +113,7 @@ def keeping(
     if not linked.keep or sent.response.status != 200 or svc.keeper is None:
         return relay
     keeper = svc.keeper
-    items = kept_input(linked.conv)
+    items = input_items(linked.conv)
     session_key = prepared.session_key
     shown = facts.session_id
     if linked.session is not None:
@@ -153,7 +149,7 @@ class JsonCapture:
 
 class SseCapture:
     """The response object of a stream's ``response.completed`` event, once the event
-    is whole (events end with a blank line)."""
+    is whole (an event ends with a blank line: vLLM writes ``\\n\\n``)."""
 
     def __init__(self) -> None:
         self._tail = b""
