@@ -13,6 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 import proxy
+from proxy.chains.keeper import Keeper, build_keeper
 from proxy.dependencies import Services
 from proxy.dialect_routes import dialect_routes
 from proxy.errors import ProxyError, envelope
@@ -51,7 +52,9 @@ def create_app(
             await upstream.start_discovery()  # dns+http:// upstreams: their engines now
         # Each engine's scraper; each upstream's health prober.
         fleet.start(table)
-        app.state.services = _services(settings, metrics, table, sessions, fleet.gates)
+        keeper = build_keeper(settings, metrics)
+        await keeper.start()
+        app.state.services = _services(settings, metrics, table, sessions, fleet.gates, keeper)
         counter = table.default.counter
         log.info("trimproxy ready: upstream %s, tokenizer %s", settings.upstream_url, counter.name)
         if serving:
@@ -62,6 +65,7 @@ def create_app(
             await fleet.aclose()
             if sessions is not None:
                 await sessions.aclose()
+            await keeper.aclose()
             metrics.close()
             await table.aclose()
 
@@ -150,6 +154,7 @@ def _services(
     table: ModelRoutes,
     sessions: Sessions | None,
     gates: Gates,
+    keeper: Keeper | None = None,
 ) -> Services:
     """The top level's services, with each named model's own beside them."""
     default = table.default
@@ -163,6 +168,7 @@ def _services(
             counter=route.counter,
             sessions=sessions,
             gates=gates,
+            keeper=keeper,
             model_label=route.name,
         )
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from starlette.requests import Request
 
 from proxy.admission import KvAdmission
+from proxy.chains.keeper import Keeper
 from proxy.engines.engine import Engine
 from proxy.metrics import Metrics
 from proxy.sessions.gate import Sessions
@@ -24,6 +25,8 @@ class Services:
     windows: ContextWindows
     counter: TokenCounter
     sessions: Sessions | None
+    keeper: Keeper | None = None
+    """The Responses API's stored responses (``proxy.chains``), built by the lifespan."""
     gates: Mapping[Engine, KvAdmission] = field(default_factory=dict)
     """Each engine's KV gate where admission is on (``proxy.fleet``)."""
     by_model: Mapping[str, Services] = field(default_factory=dict)

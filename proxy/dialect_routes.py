@@ -12,6 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from proxy import response_chain
 from proxy.dependencies import services
 from proxy.dialects import anthropic_errors, messages, messages_chat, responses
 from proxy.dialects.conversation import Conversation
@@ -30,13 +31,20 @@ RESPONSES = wire("responses", responses.to_chat, responses.render)
 MESSAGES = wire("messages", messages.to_chat, messages.render, messages_chat.chat_tools)
 
 
-async def _serve(request: Request, w: Wire, parse: Callable[[bytes], Conversation]) -> Response:
+async def _serve(
+    request: Request, w: Wire, parse: Callable[[bytes], Conversation], chained: bool = False
+) -> Response:
     svc = services(request)
     raw = await read_body(request, svc.settings.max_body_bytes, svc.settings.body_timeout)
     conv = parse(raw)
     svc = svc.for_model(conv.model)
     facts = request_facts(request)
-    prepared = await prepare_conversation(w, conv, raw, request.headers, svc, facts)
+    # Responses: the chain trimproxy stores, expanded before trimming (§22).
+    linked = await response_chain.link(svc, conv, request.headers) if chained else None
+    if linked is not None:
+        conv, raw = linked.conv, linked.raw
+    session = linked.session if linked is not None else None
+    prepared = await prepare_conversation(w, conv, raw, request.headers, svc, facts, chain=session)
     headers = svc.upstream.transport.request_headers(request.scope["headers"])
     headers["content-type"] = JSON_MEDIA_TYPE
     client_gone = watch_disconnect(
@@ -50,7 +58,10 @@ async def _serve(request: Request, w: Wire, parse: Callable[[bytes], Conversatio
         path = f"{path}?{query.decode('latin-1')}"
     out = Outgoing("POST", path, headers, prepared.body)
     sent = await forward(svc, out, client_gone, facts, prepared)
-    return Relay(sent, client_gone)
+    relay = Relay(sent, client_gone)
+    if linked is None:
+        return relay
+    return response_chain.keeping(svc, request.headers, linked, relay, sent, prepared, facts)
 
 
 def _parse_responses(raw: bytes) -> Conversation:
@@ -67,7 +78,7 @@ def _parse_responses(raw: bytes) -> Conversation:
 
 async def create_response(request: Request) -> Response:
     """``POST /v1/responses``: trimmed to the budget like chat."""
-    return await _serve(request, RESPONSES, _parse_responses)
+    return await _serve(request, RESPONSES, _parse_responses, chained=True)
 
 
 async def create_message(request: Request) -> Response:
@@ -108,5 +119,19 @@ def dialect_routes() -> list[Route]:
             methods=["POST"],
             summary="Anthropic Messages API, trimmed to the token budget",
             tags=["anthropic"],
+        ),
+        APIRoute(
+            RESPONSES_PATH + "/{response_id}",
+            response_chain.retrieve_response,
+            methods=["GET"],
+            summary="A response this proxy stored (previous_response_id)",
+            tags=["openai"],
+        ),
+        APIRoute(
+            RESPONSES_PATH + "/{response_id}",
+            response_chain.delete_response,
+            methods=["DELETE"],
+            summary="Delete a response this proxy stored",
+            tags=["openai"],
         ),
     ]

@@ -163,6 +163,29 @@ class SessionStoreUnavailable(ProxyError):
     code = "session_store_unavailable"
 
 
+class ResponseStoreUnavailable(ProxyError):
+    status = 503
+    type = "server_error"
+    code = "response_store_unavailable"
+
+
+class ResponseNotFound(ProxyError):
+    """``GET``/``DELETE /v1/responses/{id}`` of a response this proxy does not hold."""
+
+    status = 404
+    type = "invalid_request_error"
+    code = "response_not_found"
+
+
+class PreviousResponseNotFound(ProxyError):
+    """A ``previous_response_id`` this proxy does not hold: OpenAI's 400 and code, which
+    agent clients act on (they send the whole conversation again)."""
+
+    status = 400
+    type = "invalid_request_error"
+    code = "previous_response_not_found"
+
+
 class ClientClosedRequest(ProxyError):
     """The client left before the answer; nobody reads this one (nginx's 499)."""
 

@@ -236,6 +236,19 @@ class Metrics:
             "Chat requests whose session check failed because the store was unavailable.",
             registry=r,
         )
+        self.response_store_entries = Gauge(
+            "trimproxy_response_store_entries",
+            "Responses held by this process's in-memory response store.",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.response_store_lookups = Counter(
+            "trimproxy_response_store_lookups",
+            "Lookups of a stored response (previous_response_id, GET, DELETE), by "
+            "outcome: hit, miss, unavailable.",
+            ["outcome"],
+            registry=r,
+        )
         # KV admission (proxy/admission). Every process knows the whole capacity: "max".
         # Each process counts the reservations it holds, so "livesum" (and a sum over
         # replicas) is what the engine holds in all.

@@ -32,6 +32,7 @@ from proxy.prepare import (
     session_step,
     trim_to,
 )
+from proxy.sessions.identity import Identity
 from proxy.trimming import TrimResult, fits_whole
 from proxy.types import JSONObject, Message, PromptCount
 
@@ -89,13 +90,16 @@ def session_view(conv: Conversation) -> list[Message]:
 
 async def prepare_conversation(
     w: Wire, conv: Conversation, raw: bytes, headers: Mapping[str, str], svc: Services,
-    facts: RequestFacts,
+    facts: RequestFacts, *, chain: Identity | None = None,
 ) -> Prepared:  # fmt: skip
-    """Session, budget, count, trim of a dialect's request: what to forward."""
+    """Session, budget, count, trim of a dialect's request: what to forward. ``chain``:
+    the session of the stored chain the request continues (``proxy.response_chain``)."""
     note_model(svc.settings.max_model_name_length, conv.model, facts)
     out: dict[str, str] = {}
     view = session_view(conv)
     ident = session_identity(svc, headers, conv.user, view)
+    if ident is not None and chain is not None:
+        ident = chain
     history_start = 0
     if ident is not None and svc.sessions is not None:
         history_start = await session_step(svc, ident, view, facts, out)

@@ -101,8 +101,9 @@ async def test_docs_and_openapi_list_the_proxys_routes(sim_upstream: SimUpstream
     paths = schema["paths"]
     assert set(paths) == {
         "/v1/chat/completions", "/v1/responses", "/v1/messages", "/v1/models", "/healthz",
-        "/readyz", "/metrics",
+        "/readyz", "/metrics", "/v1/responses/{response_id}",
     }  # fmt: skip
+    assert set(paths["/v1/responses/{response_id}"]) == {"get", "delete"}
     assert set(paths["/v1/chat/completions"]) == {"post"}
     for path in ("/v1/models", "/healthz", "/readyz", "/metrics"):
         assert set(paths[path]) == {"get"}, path

@@ -1,0 +1,141 @@
+"""The response store's contract, run by both stores: in memory, and in a real Redis.
+
+Every case runs against both, so the two cannot drift. The memory store's bounds
+(entries, idle TTL) are checked on a fake clock; Redis's TTL on the key itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from proxy.chains.entry import Stored
+from proxy.chains.memory import MemoryStore
+from proxy.chains.redis_store import KEY_PREFIX, RedisStore
+from proxy.chains.store import ResponseStore, StoreUnavailable
+from tests.sessions.helpers import FakeClock
+from tests.support.redis_server import RedisServer
+
+TTL = 60.0
+
+
+def entry(n: int, *, session: str | None = None) -> Stored:
+    text = {"type": "output_text", "text": f"a{n}"}
+    output = [{"type": "message", "role": "assistant", "content": [text]}]
+    response = {"id": f"resp_{n}", "object": "response", "output": output}
+    return Stored(response, [{"role": "user", "content": f"q{n}"}], session, session)
+
+
+@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[ResponseStore]:
+    built: ResponseStore
+    if request.param == "memory":
+        built = MemoryStore(max_entries=1000, ttl=TTL, clock=FakeClock())
+    else:
+        server: RedisServer = request.getfixturevalue("redis_server")
+        built = RedisStore(server.url, TTL, timeout=5.0)
+    try:
+        yield built
+    finally:
+        await built.aclose()
+
+
+async def test_a_stored_response_reads_back_whole(store: ResponseStore) -> None:
+    kept = entry(1, session="ns:h:abc")
+    await store.put("k1", kept)
+    assert await store.get("k1") == kept
+    assert (await store.get("k1") or kept).items() == [
+        {"role": "user", "content": "q1"},
+        *kept.response["output"],
+    ]
+
+
+async def test_an_unknown_key_is_none(store: ResponseStore) -> None:
+    assert await store.get("nothing") is None
+
+
+async def test_delete_says_whether_there_was_one(store: ResponseStore) -> None:
+    await store.put("k1", entry(1))
+    assert await store.delete("k1") is True
+    assert await store.get("k1") is None
+    assert await store.delete("k1") is False
+
+
+async def test_a_second_put_replaces_the_first(store: ResponseStore) -> None:
+    await store.put("k1", entry(1))
+    await store.put("k1", entry(2))
+    assert await store.get("k1") == entry(2)
+
+
+async def test_keys_are_apart(store: ResponseStore) -> None:
+    await store.put("k1", entry(1))
+    await store.put("k2", entry(2))
+    await store.delete("k1")
+    assert await store.get("k2") == entry(2)
+
+
+async def test_the_memory_store_evicts_the_least_recently_used() -> None:
+    store = MemoryStore(max_entries=2, ttl=TTL, clock=FakeClock())
+    await store.put("a", entry(1))
+    await store.put("b", entry(2))
+    assert await store.get("a") is not None  # a is now the most recent
+    await store.put("c", entry(3))
+    assert await store.get("b") is None
+    assert await store.get("a") == entry(1) and await store.get("c") == entry(3)
+    assert store.held() == 2
+
+
+async def test_the_memory_store_forgets_an_entry_idle_past_its_ttl() -> None:
+    clock = FakeClock()
+    store = MemoryStore(max_entries=10, ttl=TTL, clock=clock)
+    await store.put("a", entry(1))
+    await store.put("b", entry(2))
+    clock.now += TTL - 1
+    assert await store.get("a") is not None  # a use restarts its idle time
+    clock.now += 2
+    assert await store.get("b") is None  # idle TTL + 1 s
+    assert await store.get("a") == entry(1)
+    assert store.held() == 1
+
+
+@pytest.mark.redis
+async def test_redis_keeps_each_response_with_its_ttl_and_a_read_restarts_it(
+    redis_server: RedisServer,
+) -> None:
+    store = RedisStore(redis_server.url, TTL, timeout=5.0)
+    inspect = redis_server.client()
+    try:
+        await store.put("k1", entry(1))
+        first = inspect.pttl(KEY_PREFIX + "k1")
+        assert 0 < first <= TTL * 1000
+        inspect.pexpire(KEY_PREFIX + "k1", 5000)
+        assert await store.get("k1") == entry(1)
+        assert inspect.pttl(KEY_PREFIX + "k1") > 5000  # GETEX restarted the idle time
+        inspect.set(KEY_PREFIX + "k2", b"not an entry")
+        assert await store.get("k2") is None
+        assert store.held() is None
+    finally:
+        inspect.close()
+        await store.aclose()
+
+
+@pytest.mark.redis
+async def test_redis_down_is_unavailable_at_once_until_it_retries(
+    redis_server: RedisServer,
+) -> None:
+    clock = FakeClock()
+    store = RedisStore(redis_server.url, TTL, timeout=2.0, retry_interval=5.0, clock=clock)
+    try:
+        await store.put("k1", entry(1))
+        redis_server.stop()
+        with pytest.raises(StoreUnavailable):
+            await store.get("k1")
+        assert await store.ping() is False
+        redis_server.start()
+        with pytest.raises(StoreUnavailable):  # inside the retry interval: not tried
+            await store.get("k1")
+        clock.now += 5.0
+        assert await store.get("k1") is None  # a new, empty Redis (no persistence)
+    finally:
+        await store.aclose()
