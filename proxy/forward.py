@@ -155,13 +155,14 @@ async def _send_routed(
     # The most KV this request can hold: its prompt and n whole completions.
     need = Need(prepared.forwarded_tokens, prepared.reserve, allowance.n if allowance else 1)
     key = prepared.session_key
+    endpoint = prepared.endpoint
 
     async def attempt(engine: Engine) -> Sent:
         gate = gates.get(engine)
         reservation = None
         facts.engine = engine.label
         if gate is not None:
-            reservation = await gate.admit_while_connected(need, client_gone)
+            reservation = await gate.admit_while_connected(need, client_gone, endpoint)
         engine.in_flight += 1
         started = time.perf_counter()
         try:
