@@ -83,7 +83,10 @@ class Sent:
     def first_byte(self) -> None:
         assert self.facts is not None and self.metrics is not None
         self.facts.upstream_ttfb = time.perf_counter() - self.started
-        self.metrics.chat_ttfb.observe(self.facts.upstream_ttfb)
+        # Under the route the prompt came by (a Responses answer is not chat's).
+        series = self.prepared.series if self.prepared is not None else None
+        ttfb = self.metrics.chat_ttfb if series is None else series.ttfb
+        ttfb.observe(self.facts.upstream_ttfb)
 
     def end(self, complete: bool, captured: bytes | None) -> None:
         """The answer is over, however it ended: give back what it held, and compare

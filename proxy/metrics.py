@@ -97,6 +97,13 @@ MAX_ENGINE_LABELS = 64
 OTHER_ENGINE = "other"
 #: Every value of the ``endpoint`` label, in the order dashboards and ``top`` list them.
 ENDPOINTS: tuple[Endpoint, ...] = get_args(Endpoint)
+#: Each endpoint's route: the ``route`` label of its upstream time to first byte.
+ENDPOINT_ROUTES: dict[Endpoint, str] = {
+    "chat": "/v1/chat/completions",
+    "responses": "/v1/responses",
+    "messages": "/v1/messages",
+    "completions": "/v1/completions",
+}
 
 
 def route_label(path: str) -> str:
@@ -436,6 +443,7 @@ class ModelSeries:
         "prompt_received",
         "trimmed_messages",
         "trimmed_tokens",
+        "ttfb",
     )
 
     def __init__(self, metrics: Metrics, label: str, endpoint: Endpoint = "chat") -> None:
@@ -446,6 +454,7 @@ class ModelSeries:
         self.trimmed_messages = metrics.trimmed_messages.labels(label, endpoint)
         self.trimmed_tokens = metrics.trimmed_tokens.labels(label, endpoint)
         self.estimate_error = metrics.estimate_error.labels(label)
+        self.ttfb = metrics.upstream_ttfb.labels(ENDPOINT_ROUTES[endpoint])
         self._trim_events = metrics.trim_events
         self._trim_reasons: dict[str, CounterChild] = {}
 

@@ -69,9 +69,10 @@ def test_each_endpoint_has_its_own_series(proxy_server: Callable[..., ProxyProce
         for reason in ("timeout", "store_unavailable", "client_closed"):
             rejected = {"reason": reason, "endpoint": endpoint}
             assert m.has("trimproxy_admission_rejected_total", **rejected), rejected
-    # Series by route as well: the dialects' own routes, not "other".
+    # Series by route as well: the dialects' own routes, not "other" or chat's.
     for path in ROUTES.values():
         assert m.value("trimproxy_requests_total", route=path, code="200") == 1
+        assert m.value("trimproxy_upstream_ttfb_seconds_count", route=path) == 1
 
 
 def test_the_access_line_names_the_endpoint(proxy_server: Callable[..., ProxyProcess]) -> None:
