@@ -83,7 +83,10 @@ class Sent:
     def first_byte(self) -> None:
         assert self.facts is not None and self.metrics is not None
         self.facts.upstream_ttfb = time.perf_counter() - self.started
-        self.metrics.chat_ttfb.observe(self.facts.upstream_ttfb)
+        # Under the route the prompt came by (a Responses answer is not chat's).
+        series = self.prepared.series if self.prepared is not None else None
+        ttfb = self.metrics.chat_ttfb if series is None else series.ttfb
+        ttfb.observe(self.facts.upstream_ttfb)
 
     def end(self, complete: bool, captured: bytes | None) -> None:
         """The answer is over, however it ended: give back what it held, and compare
@@ -155,13 +158,14 @@ async def _send_routed(
     # The most KV this request can hold: its prompt and n whole completions.
     need = Need(prepared.forwarded_tokens, prepared.reserve, allowance.n if allowance else 1)
     key = prepared.session_key
+    endpoint = prepared.endpoint
 
     async def attempt(engine: Engine) -> Sent:
         gate = gates.get(engine)
         reservation = None
         facts.engine = engine.label
         if gate is not None:
-            reservation = await gate.admit_while_connected(need, client_gone)
+            reservation = await gate.admit_while_connected(need, client_gone, endpoint)
         engine.in_flight += 1
         started = time.perf_counter()
         try:

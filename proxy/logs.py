@@ -22,6 +22,8 @@ from typing import Any
 import orjson
 from starlette.requests import Request
 
+from proxy.choices import Endpoint
+
 ACCESS_LOGGER = "trimproxy.access"
 REQUEST_ID_HEADER = b"x-request-id"
 FACTS_KEY = "trimproxy_facts"
@@ -46,6 +48,9 @@ class RequestFacts:
     """The proxy's own error code, when it answered with one."""
     engine: str | None = None
     """The engine the request was sent to (``host:port``)."""
+    endpoint: Endpoint | None = None
+    """The API a prompt came in by; None for the relayed
+    routes, which carry no prompt the proxy reads."""
 
     def fields(self, method: str, path: str, status: int, duration: float) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -55,6 +60,8 @@ class RequestFacts:
             "status": status,
             "duration_ms": round(duration * 1000.0, 3),
         }
+        if self.endpoint is not None:
+            out["endpoint"] = self.endpoint
         if self.model is not None:
             out["model"] = self.model[:_MAX_FIELD]
         if self.prompt_tokens_received is not None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import glob
 import os
 from collections.abc import Iterator
+from typing import get_args
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -34,6 +35,7 @@ from prometheus_client import multiprocess as mp
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from proxy.choices import Endpoint
 from proxy.series import (
     CounterChild,
     HistogramChild,
@@ -74,6 +76,8 @@ KNOWN_ROUTES = frozenset(
     (
         "/v1/chat/completions",
         "/v1/completions",
+        "/v1/responses",
+        "/v1/messages",
         "/v1/models",
         "/v1/embeddings",
         "/tokenize",
@@ -91,6 +95,15 @@ OTHER_MODEL = "other"
 #: Engines that get an ``engine`` label of their own; those found after are ``other``.
 MAX_ENGINE_LABELS = 64
 OTHER_ENGINE = "other"
+#: Every value of the ``endpoint`` label, in the order dashboards and ``top`` list them.
+ENDPOINTS: tuple[Endpoint, ...] = get_args(Endpoint)
+#: Each endpoint's route: the ``route`` label of its upstream time to first byte.
+ENDPOINT_ROUTES: dict[Endpoint, str] = {
+    "chat": "/v1/chat/completions",
+    "responses": "/v1/responses",
+    "messages": "/v1/messages",
+    "completions": "/v1/completions",
+}
 
 
 def route_label(path: str) -> str:
@@ -148,28 +161,36 @@ class Metrics:
         self.prompt_tokens = histogram_family(
             plain,
             "trimproxy_prompt_tokens",
-            "Prompt tokens of chat requests as received and as forwarded, by model.",
-            ("stage", "model"),
+            "Prompt tokens as received and as forwarded, by model and endpoint.",
+            ("stage", "model", "endpoint"),
             TOKEN_BUCKETS,
             r,
         )
         self.trimmed_messages = counter_family(
-            plain, "trimproxy_trimmed_messages", "Messages dropped by trimming.", ("model",), r
+            plain,
+            "trimproxy_trimmed_messages",
+            "Messages (or items) dropped by trimming.",
+            ("model", "endpoint"),
+            r,
         )
         self.trimmed_tokens = counter_family(
-            plain, "trimproxy_trimmed_tokens", "Prompt tokens dropped by trimming.", ("model",), r
+            plain,
+            "trimproxy_trimmed_tokens",
+            "Prompt tokens dropped by trimming.",
+            ("model", "endpoint"),
+            r,
         )
         self.trim_events = counter_family(
             plain,
             "trimproxy_trim_events",
-            "Requests whose history was trimmed, by reason and model.",
-            ("reason", "model"),
+            "Requests whose history was trimmed, by reason, model and endpoint.",
+            ("reason", "model", "endpoint"),
             r,
         )
         self.session_limits = Counter(
             "trimproxy_session_limit",
-            "Session limits hit, by reason and action.",
-            ["reason", "action"],
+            "Session limits hit, by reason, action and endpoint.",
+            ["reason", "action", "endpoint"],
             registry=r,
         )
         self.in_flight: UpDownGauge
@@ -272,9 +293,9 @@ class Metrics:
         )
         self.admission_rejected = Counter(
             "trimproxy_admission_rejected",
-            "Chat requests KV admission turned away, by reason (timeout, "
-            "store_unavailable, client_closed).",
-            ["reason"],
+            "Requests KV admission turned away, by reason (timeout, "
+            "store_unavailable, client_closed) and endpoint.",
+            ["reason", "endpoint"],
             registry=r,
         )
         # Several engines behind one upstream (proxy/engines): the bounded ``engine``
@@ -367,17 +388,19 @@ class Metrics:
         self.build_info.labels(_version()).set(1)
 
         # Children of the per-request series, resolved once: labels() takes a lock and
-        # builds a key on every call, and the hot path needs only a handful.
-        self._models: dict[str, ModelSeries] = {}
+        # builds a key on every call, and the hot path needs only a handful. One map of
+        # model labels per endpoint: a request looks up its model, never builds a key.
+        self._models: dict[str, dict[str, ModelSeries]] = {e: {} for e in ENDPOINTS}
         self.chat_ttfb = self.upstream_ttfb.labels("/v1/chat/completions")
         self._answered: dict[tuple[str, int], tuple[CounterChild, HistogramChild]] = {}
 
-    def for_model(self, label: str) -> ModelSeries:
-        """The chat series of one ``model`` label (bounded by the caller: a name from
-        the models file or an upstream's list, else ``other``)."""
-        series = self._models.get(label)
+    def for_model(self, label: str, endpoint: Endpoint = "chat") -> ModelSeries:
+        """The series of one ``model`` label (bounded by the caller: a name from the
+        models file or an upstream's list, else ``other``) on one endpoint."""
+        models = self._models[endpoint]
+        series = models.get(label)
         if series is None:
-            series = self._models[label] = ModelSeries(self, label)
+            series = models[label] = ModelSeries(self, label, endpoint)
         return series
 
     def engine_label(self, name: str) -> str:
@@ -421,26 +444,30 @@ class Metrics:
 
 
 class ModelSeries:
-    """The per-request chat series of one model, resolved once."""
+    """The per-request series of one model on one endpoint, resolved once."""
 
     __slots__ = (
         "_trim_events",
         "_trim_reasons",
+        "endpoint",
         "estimate_error",
         "label",
         "prompt_forwarded",
         "prompt_received",
         "trimmed_messages",
         "trimmed_tokens",
+        "ttfb",
     )
 
-    def __init__(self, metrics: Metrics, label: str) -> None:
+    def __init__(self, metrics: Metrics, label: str, endpoint: Endpoint = "chat") -> None:
         self.label = label
-        self.prompt_received = metrics.prompt_tokens.labels("received", label)
-        self.prompt_forwarded = metrics.prompt_tokens.labels("forwarded", label)
-        self.trimmed_messages = metrics.trimmed_messages.labels(label)
-        self.trimmed_tokens = metrics.trimmed_tokens.labels(label)
+        self.endpoint: Endpoint = endpoint
+        self.prompt_received = metrics.prompt_tokens.labels("received", label, endpoint)
+        self.prompt_forwarded = metrics.prompt_tokens.labels("forwarded", label, endpoint)
+        self.trimmed_messages = metrics.trimmed_messages.labels(label, endpoint)
+        self.trimmed_tokens = metrics.trimmed_tokens.labels(label, endpoint)
         self.estimate_error = metrics.estimate_error.labels(label)
+        self.ttfb = metrics.upstream_ttfb.labels(ENDPOINT_ROUTES[endpoint])
         self._trim_events = metrics.trim_events
         self._trim_reasons: dict[str, CounterChild] = {}
 
@@ -451,7 +478,9 @@ class ModelSeries:
         # One child per reason (budget, max_turns, session), resolved on first use.
         child = self._trim_reasons.get(reason)
         if child is None:
-            child = self._trim_reasons[reason] = self._trim_events.labels(reason, self.label)
+            child = self._trim_reasons[reason] = self._trim_events.labels(
+                reason, self.label, self.endpoint
+            )
         child.inc()
 
 

@@ -18,6 +18,7 @@ import orjson
 
 from proxy.admission.allowance import Allowance, allowance_for, capped_headers, with_allowance
 from proxy.chat import ChatRequest, with_messages
+from proxy.choices import Endpoint
 from proxy.dependencies import Services
 from proxy.errors import (
     ContextLengthExceeded,
@@ -72,16 +73,23 @@ class Prepared:
     request: ChatRequest | None = None
     """The parsed request it was prepared from (the forward step reads its stream flags)."""
 
+    @property
+    def endpoint(self) -> Endpoint:
+        """The API the prompt came in by (its series' ``endpoint`` label)."""
+        return "chat" if self.series is None else self.series.endpoint
 
-async def model_series(svc: Services, model: str | None) -> ModelSeries:
-    """The metric series of ``model``: a name from the models file or one the upstream
-    lists (``/v1/models``, cached) is its own label, any other name is ``other``."""
+
+async def model_series(
+    svc: Services, model: str | None, endpoint: Endpoint = "chat"
+) -> ModelSeries:
+    """The metric series of ``model`` on ``endpoint``: a name from the models file or one
+    the upstream lists (``/v1/models``, cached) is its own label, any other is ``other``."""
     label = svc.model_label
     if label is None:
         label = OTHER_MODEL
         if model is not None and any(m.id == model for m in await svc.upstream.models()):
             label = model
-    return svc.metrics.for_model(label)
+    return svc.metrics.for_model(label, endpoint)
 
 
 def completion_allowance(svc: Services, chat: Asking) -> Allowance:
@@ -244,12 +252,13 @@ async def session_step(
     messages: Sequence[Message],
     facts: RequestFacts,
     out: dict[str, str],
+    endpoint: Endpoint = "chat",
 ) -> int:
     """The session limits (``proxy.sessions``): where the history the session keeps
-    starts; the session's headers go in ``out``."""
+    starts; the session's headers go in ``out``, a limit hit is counted on ``endpoint``."""
     assert svc.sessions is not None
     try:
-        admission = await svc.sessions.admit(ident, messages)
+        admission = await svc.sessions.admit(ident, messages, endpoint)
     except ProxyError as exc:  # a rejection still names its session
         facts.session_id = exc.headers.get(SESSION_ID)
         raise
@@ -258,9 +267,12 @@ async def session_step(
     return admission.history_start
 
 
-def note_model(most: int, model: str | None, facts: RequestFacts) -> None:
-    """The request's model for the access line, checked before anything keeps or logs
-    it: the name is the client's, of any length."""
+def note_model(
+    most: int, model: str | None, facts: RequestFacts, endpoint: Endpoint = "chat"
+) -> None:
+    """The request's model and endpoint for the access line; the model checked before
+    anything keeps or logs it: the name is the client's, of any length."""
+    facts.endpoint = endpoint
     if model is not None and len(model) > most:
         raise InvalidRequest(
             f"'model' is {len(model)} characters long; this proxy accepts names of at most "

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from proxy.admission.allowance import Allowance, capped_headers
+from proxy.choices import Endpoint
 from proxy.dependencies import Services
 from proxy.dialects.conversation import Conversation
 from proxy.errors import context_length_exceeded
@@ -45,7 +46,8 @@ Tools = Callable[[Conversation, Sequence[int]], list[JSONObject] | None]
 class Wire:
     """One dialect's pieces the pipeline calls (``proxy.dialects``)."""
 
-    endpoint: str
+    endpoint: Endpoint
+    """Its ``endpoint`` label in the metrics and the access line."""
     to_chat: ToChat
     render: Render
     tools: Tools
@@ -55,7 +57,7 @@ def _tools(conv: Conversation, kept: Sequence[int]) -> list[JSONObject] | None:
     return conv.tools
 
 
-def wire(endpoint: str, to_chat: ToChat, render: Render, tools: Tools | None = None) -> Wire:
+def wire(endpoint: Endpoint, to_chat: ToChat, render: Render, tools: Tools | None = None) -> Wire:
     return Wire(endpoint, to_chat, render, tools or _tools)
 
 
@@ -94,7 +96,7 @@ async def prepare_conversation(
 ) -> Prepared:  # fmt: skip
     """Session, budget, count, trim of a dialect's request: what to forward. ``chain``:
     the session of the stored chain the request continues (``proxy.response_chain``)."""
-    note_model(svc.settings.max_model_name_length, conv.model, facts)
+    note_model(svc.settings.max_model_name_length, conv.model, facts, w.endpoint)
     out: dict[str, str] = {}
     view = session_view(conv)
     ident = session_identity(svc, headers, conv.user, view)
@@ -102,7 +104,7 @@ async def prepare_conversation(
         ident = chain
     history_start = 0
     if ident is not None and svc.sessions is not None:
-        history_start = await session_step(svc, ident, view, facts, out)
+        history_start = await session_step(svc, ident, view, facts, out, w.endpoint)
     allowance = completion_allowance(svc, conv)
     cap = _capped(allowance, out)
     limit = await limit_for(svc, conv, allowance)
@@ -111,7 +113,7 @@ async def prepare_conversation(
     if limit is not None and (floor := floor_if_surely_too_long(svc, messages, budget, raw)):
         raise context_length_exceeded(floor, limit, at_least=True)
     count = await _per_item(svc, w, conv, messages, owner)
-    metrics = await model_series(svc, conv.model)
+    metrics = await model_series(svc, conv.model, w.endpoint)
     metrics.prompt_received.observe(count.total)
     facts.prompt_tokens_received = count.total
     if fits_whole(count.total, budget, svc.settings.max_history_turns, history_start):

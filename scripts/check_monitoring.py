@@ -51,7 +51,13 @@ RULE_TESTS = PROM_DIR / "trimproxy-rules.test.yml"
 PROM_CONFIG = PROM_DIR / "prometheus.yml"
 METRIC = re.compile(r"\btrimproxy_[a-zA-Z0-9_]+")
 # Grafana's variables, as they expand at query time.
-VARIABLES = {"$__rate_interval": "5m", "$__interval": "1m", "$job": ".*", "$instance": ".*"}
+VARIABLES = {
+    "$__rate_interval": "5m",
+    "$__interval": "1m",
+    "$job": ".*",
+    "$instance": ".*",
+    "$endpoint": ".*",
+}
 SIM_READY = "trimproxy-sim listening on "
 
 
@@ -236,6 +242,14 @@ def drive(url: str, sim_url: str) -> str:
         got = _http("POST", chat, body, headers)
         if got != status:
             raise RuntimeError(f"request {what!r}: expected {status}, got {got}")
+    # The dialects beside chat: their series carry endpoint="responses" / "messages".
+    for path, body in (
+        ("/v1/responses", {"model": "sim-model", "input": "hello", "store": False}),
+        ("/v1/messages", {"model": "sim-model", "messages": _turns("hello"), "max_tokens": 8}),
+    ):
+        got = _http("POST", url + path, body)
+        if got != 200:
+            raise RuntimeError(f"request to {path}: expected 200, got {got}")
     _http("POST", sim_url + "/_sim/config", {"fail_next": {"status": 500}})
     got = _http("POST", chat, {"model": "sim-model", "messages": _turns("x")})
     if got != 500:

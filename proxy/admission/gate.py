@@ -18,8 +18,9 @@ from typing import Literal
 from proxy.admission.capacity import Capacity, EngineCache, scaled
 from proxy.admission.ledger import AdmissionTimeout, Ledger, LedgerUnavailable, Reservation
 from proxy.admission.need import Need
+from proxy.choices import Endpoint
 from proxy.errors import ClientClosedRequest, Overloaded, SessionStoreUnavailable
-from proxy.metrics import Metrics
+from proxy.metrics import ENDPOINTS, Metrics
 from proxy.relay import CancelOnDisconnect
 
 log = logging.getLogger("trimproxy.admission")
@@ -59,9 +60,14 @@ class KvAdmission:
         # request are counted each with its own prompt: a transformers worker holds them so.
         self.shares_prompt = False
         self._said_missing = False
+        # Every (reason, endpoint) child bound up front: each series reads 0 from the
+        # start (a rate over it is defined), and a refusal looks up no labels.
         self._rejected = {
-            reason: metrics.admission_rejected.labels(reason)
-            for reason in ("timeout", "store_unavailable", "client_closed")
+            endpoint: {
+                reason: metrics.admission_rejected.labels(reason, endpoint)
+                for reason in ("timeout", "store_unavailable", "client_closed")
+            }
+            for endpoint in ENDPOINTS
         }
         if fixed_tokens is not None:
             self._set(scaled(fixed_tokens, fraction))
@@ -114,21 +120,23 @@ class KvAdmission:
         capacity = self.ledger.capacity
         return need.tokens(capacity.block_size if capacity else 1, self.shares_prompt)
 
-    async def admit(self, need: Need | int) -> Reservation:
-        """Reserve what ``need`` can hold (``tokens``); 429 after the timeout.
+    async def admit(self, need: Need | int, endpoint: Endpoint = "chat") -> Reservation:
+        """Reserve what ``need`` can hold (``tokens``); 429 after the timeout. A refusal
+        is counted on ``endpoint``, the API the request came in by.
 
         The caller releases the reservation when the answer ends however it ends; a
         cancelled wait (the client left) leaves the line on its own.
         """
         tokens = self.tokens(need)
+        rejected = self._rejected[endpoint]
         try:
             reservation = await self.ledger.reserve(tokens, self.timeout)
         except AdmissionTimeout as exc:
-            self._rejected["timeout"].inc()
+            rejected["timeout"].inc()
             self.metrics.admission_wait.observe(self.timeout)
             raise self._overloaded(tokens, exc) from None
         except LedgerUnavailable as exc:
-            self._rejected["store_unavailable"].inc()
+            rejected["store_unavailable"].inc()
             raise SessionStoreUnavailable(
                 f"The KV admission ledger ({exc.target}) is unavailable, and this proxy "
                 "refuses requests it cannot admit (TRIMPROXY_SESSION_STORE_FAILURE=closed). "
@@ -136,7 +144,7 @@ class KvAdmission:
                 headers={"retry-after": "1"},
             ) from None
         except BaseException:
-            self._rejected["client_closed"].inc()
+            rejected["client_closed"].inc()
             raise
         self.metrics.admission_wait.observe(reservation.waited)
         if reservation.charge:
@@ -163,11 +171,11 @@ class KvAdmission:
                 self._engine_reserved.inc(added)
 
     async def admit_while_connected(
-        self, need: Need | int, client_gone: asyncio.Future[None]
+        self, need: Need | int, client_gone: asyncio.Future[None], endpoint: Endpoint = "chat"
     ) -> Reservation:
         """``admit``, given up (499, nothing held) when the client leaves while waiting."""
         with CancelOnDisconnect(client_gone) as watch:
-            return await self.admit(need)
+            return await self.admit(need, endpoint)
         assert watch.fired  # only a disconnect ends the block without a return
         raise ClientClosedRequest("The client closed the connection while waiting for KV room.")
 

@@ -12,15 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 
+from proxy.choices import Endpoint
 from proxy.errors import InvalidRequest
 from proxy.trimming import HEAD_ROLES
 from proxy.types import JSONObject, Message
-
-Endpoint = Literal["chat", "responses", "messages", "completions"]
 
 
 # Not frozen: read-only by convention (why: proxy.types, above PromptCount).

@@ -12,8 +12,10 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from proxy.choices import Endpoint
 from proxy.errors import ProxyError, SessionExpired, SessionStoreUnavailable, SessionTurnLimit
 from proxy.metrics import Metrics
+from proxy.series import CounterChild
 from proxy.sessions.identity import Identity, hash_conversation
 from proxy.sessions.memory import MemoryStore
 from proxy.sessions.rule import Decision, Limits
@@ -54,6 +56,8 @@ class Sessions:
         self.metrics = metrics
         self.header = header
         self.failure = failure
+        # The counter's child of each (reason, endpoint) a limit was hit on, bound once.
+        self._limit_hits: dict[tuple[str, Endpoint], CounterChild] = {}
 
     async def start(self) -> None:
         """Say at start-up where the state lives; an unreachable store is not fatal."""
@@ -68,9 +72,12 @@ class Sessions:
             "" if reachable else f" is not reachable yet (on failure: {self.failure})",
         )
 
-    async def admit(self, ident: Identity, messages: Sequence[Message]) -> Admission:
+    async def admit(
+        self, ident: Identity, messages: Sequence[Message], endpoint: Endpoint = "chat"
+    ) -> Admission:
         """The session step of a request of ``messages`` (the conversation trimming
-        sees), whose identity ``prepare`` worked out (``identify``, once a request)."""
+        sees), whose identity ``prepare`` worked out (``identify``, once a request),
+        that came in by ``endpoint`` (the limit counter's label)."""
         headers = {SESSION_ID: ident.shown}
         conversation = hash_conversation(messages)
         if conversation.user_turns == 0:
@@ -91,7 +98,7 @@ class Sessions:
         if held is not None:
             self.metrics.sessions_held.set(held)
         if decision.reason is not None:
-            self.metrics.session_limits.labels(decision.reason, self.limits.action).inc()
+            self._limit_hit(decision.reason, endpoint)
         if decision.outcome == "reject":
             raise self._rejection(decision, ident.shown, headers)
         headers[SESSION_TURN] = str(decision.turn)
@@ -99,6 +106,13 @@ class Sessions:
             headers[SESSION_RESET] = "1"
         start = conversation.user_starts[decision.base] if decision.base else 0
         return Admission(start, headers)
+
+    def _limit_hit(self, reason: str, endpoint: Endpoint) -> None:
+        child = self._limit_hits.get((reason, endpoint))
+        if child is None:
+            child = self.metrics.session_limits.labels(reason, self.limits.action, endpoint)
+            self._limit_hits[(reason, endpoint)] = child
+        child.inc()
 
     def _rejection(self, decision: Decision, shown: str, headers: dict[str, str]) -> ProxyError:
         advice = "Start a new conversation: a request with one user message opens a new session."

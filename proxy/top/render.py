@@ -1,4 +1,5 @@
-"""A ``Window`` as lines of text: the engines' table, then the proxy's own figures.
+"""A ``Window`` as lines of text: the engines' table, the proxy's own figures, then one
+row per endpoint (the API the prompts came in by) that has had any.
 
 The same lines serve the live screen (redrawn in place on a terminal) and the log
 (``--once``, or output that is not a terminal): plain text, no colour, so that a line
@@ -8,12 +9,19 @@ read in a log file says what the screen said.
 from __future__ import annotations
 
 import math
+from typing import get_args
 
-from proxy.top.snapshot import EngineRow, Histogram, Window
+from proxy.choices import Endpoint
+from proxy.top.snapshot import EndpointRow, EngineRow, Histogram, Window
 
 _COLUMNS = ("engine", "up", "kv use", "reserved/capacity", "run", "wait", "hit ratio", "preempt",
             "requests")  # fmt: skip
 _WIDTHS = (24, 4, 7, 19, 5, 5, 10, 8, 9)
+# Prompt lengths to the histogram's bucket: "<=512" reads "at most 512 tokens".
+_ENDPOINT_COLUMNS = ("endpoint", "prompts", "received p50", "max", "forwarded p50", "max",
+                     "trims", "resets", "rejected")  # fmt: skip
+_ENDPOINT_WIDTHS = (12, 9, 13, 8, 14, 8, 7, 8, 8)
+_ORDER = get_args(Endpoint)
 
 
 def lines(view: Window, url: str) -> list[str]:
@@ -39,7 +47,43 @@ def lines(view: Window, url: str) -> list[str]:
     errors = view.errors if view.seconds else _error_totals(view)
     shown = ", ".join(f"{code} {_num(n)}" for code, n in errors.items() if n) or "none"
     out.append(f"errors{per if view.seconds else ''}   {shown}")
+    return out + _endpoints(view)
+
+
+def _endpoints(view: Window) -> list[str]:
+    """The endpoint table: its rows in the label's order, each endpoint that has had a
+    prompt, a trim, a session reset or a refusal since the proxy started."""
+    seen = [name for name, row in view.now.endpoints.items() if _any(row)]
+    if not seen:
+        return []
+    seen.sort(key=lambda n: (_ORDER.index(n), n) if n in _ORDER else (len(_ORDER), n))
+    suffix = "/s" if view.seconds else ""
+    # Rates as on the line above: prompts, trims and resets; admission refusals in total.
+    heads = tuple(h + suffix if h in ("prompts", "trims", "resets") else h
+                  for h in _ENDPOINT_COLUMNS)  # fmt: skip
+    out = ["", _row(heads, _ENDPOINT_WIDTHS)]
+    for name in seen:
+        row = view.endpoints[name]
+        received, forwarded = row.prompt.get("received"), row.prompt.get("forwarded")
+        prompts = received.count if received is not None else 0.0
+        cells = (name, _num(prompts / view.seconds if view.seconds else prompts),
+                 *_lengths(received), *_lengths(forwarded), _num(row.trims),
+                 _num(row.session_resets),
+                 _num(view.now.endpoints[name].admission_rejected))  # fmt: skip
+        out.append(_row(cells, _ENDPOINT_WIDTHS))
     return out
+
+
+def _any(row: EndpointRow) -> bool:
+    counted = any(h.count > 0 for h in row.prompt.values())
+    return counted or bool(row.trims or row.session_resets or row.admission_rejected)
+
+
+def _lengths(hist: Histogram | None) -> tuple[str, str]:
+    """The window's p50 and max prompt length, to the bucket."""
+    if hist is None or hist.count <= 0:
+        return "-", "-"
+    return f"<={_bound(hist.quantile(0.5))}", f"<={_bound(hist.top())}"
 
 
 def _error_totals(view: Window) -> dict[str, float]:
@@ -61,8 +105,8 @@ def _engine_cells(name: str, e: EngineRow) -> tuple[str, ...]:
             _num(e.requests))  # fmt: skip
 
 
-def _row(cells: tuple[str, ...]) -> str:
-    return "  ".join(c[:w].ljust(w) for c, w in zip(cells, _WIDTHS, strict=True)).rstrip()
+def _row(cells: tuple[str, ...], widths: tuple[int, ...] = _WIDTHS) -> str:
+    return "  ".join(c[:w].ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
 
 
 def _num(value: float | None) -> str:

@@ -8,7 +8,9 @@ between the two readings, to the bucket: a histogram holds no exact values).
 The proxy's ``/metrics`` is already the sum over its worker processes, so one reading
 covers them all. Per-engine figures come from the ``engine``-labelled series
 (``trimproxy_engine_*``) when the proxy has several engines, else from the unlabelled
-``trimproxy_upstream_*`` and ``trimproxy_kv_*`` ones (docs/architecture.md §15).
+``trimproxy_upstream_*`` and ``trimproxy_kv_*`` ones (docs/architecture.md §15). The
+prompt, trim, session and admission figures are also kept per ``endpoint`` label (the
+API a prompt came in by: chat, responses, messages, completions).
 """
 
 from __future__ import annotations
@@ -94,6 +96,35 @@ class Histogram:
         return highest
 
 
+#: The endpoint row of a proxy whose series carry no ``endpoint`` label (an older one).
+NO_ENDPOINT = "-"
+
+
+@dataclass(slots=True)
+class EndpointRow:
+    """One endpoint's prompts, trims, session resets and admission rejections: totals
+    in a ``Snapshot``; in a ``Window``, the window's prompts and per-second rates."""
+
+    prompt: dict[str, Histogram] = field(default_factory=dict)
+    """``trimproxy_prompt_tokens`` by stage (``received``, ``forwarded``), all models."""
+    trims: float = 0.0
+    session_resets: float = 0.0
+    admission_rejected: float = 0.0
+
+    def since(self, before: EndpointRow, seconds: float) -> EndpointRow:
+        """What happened after ``before``: its prompts, and rates over ``seconds`` (the
+        totals themselves when there is no earlier reading: ``seconds`` 0)."""
+        if not seconds:
+            return self
+        empty = Histogram()
+        return EndpointRow(
+            {s: h.minus(before.prompt.get(s, empty)) for s, h in self.prompt.items()},
+            (self.trims - before.trims) / seconds,
+            (self.session_resets - before.session_resets) / seconds,
+            (self.admission_rejected - before.admission_rejected) / seconds,
+        )
+
+
 @dataclass(slots=True)
 class Snapshot:
     at: float
@@ -110,6 +141,15 @@ class Snapshot:
     admission_rejected: float = 0.0
     prompt: dict[str, Histogram] = field(default_factory=dict)
     """``trimproxy_prompt_tokens`` by stage (``received``, ``forwarded``), all models."""
+    endpoints: dict[str, EndpointRow] = field(default_factory=dict)
+    """The prompt, trim, session and admission figures by ``endpoint`` label."""
+
+    def endpoint(self, labels: Mapping[str, str]) -> EndpointRow:
+        name = labels.get("endpoint", NO_ENDPOINT)
+        row = self.endpoints.get(name)
+        if row is None:
+            row = self.endpoints[name] = EndpointRow()
+        return row
 
 
 def read(text: str, at: float) -> Snapshot:
@@ -148,22 +188,34 @@ def _count(snap: Snapshot, name: str, labels: Mapping[str, str], value: float) -
         snap.upstream_errors[kind] = snap.upstream_errors.get(kind, 0.0) + value
     elif name == "trimproxy_trim_events_total":
         snap.trims += value
+        snap.endpoint(labels).trims += value
     elif name == "trimproxy_session_limit_total" and labels.get("action") == "reset":
         snap.session_resets += value
+        snap.endpoint(labels).session_resets += value
     elif name == "trimproxy_requests_in_flight":
         snap.in_flight += value
     elif name == "trimproxy_admission_overrun_total":
         snap.overruns += value
     elif name == "trimproxy_admission_rejected_total":
         snap.admission_rejected += value
+        snap.endpoint(labels).admission_rejected += value
     elif name.startswith("trimproxy_prompt_tokens_"):
         stage = labels.get("stage", "")
-        hist = snap.prompt.setdefault(stage, Histogram())
-        if name.endswith("_bucket"):
-            le = float(labels["le"])
-            hist.buckets[le] = hist.buckets.get(le, 0.0) + value
-        elif name.endswith("_count"):
-            hist.count += value
+        _histogram(snap.prompt, stage, name, labels, value)
+        _histogram(snap.endpoint(labels).prompt, stage, name, labels, value)
+
+
+def _histogram(
+    into: dict[str, Histogram], stage: str, name: str, labels: Mapping[str, str], value: float
+) -> None:
+    hist = into.get(stage)
+    if hist is None:
+        hist = into[stage] = Histogram()
+    if name.endswith("_bucket"):
+        le = float(labels["le"])
+        hist.buckets[le] = hist.buckets.get(le, 0.0) + value
+    elif name.endswith("_count"):
+        hist.count += value
 
 
 @dataclass(slots=True)
@@ -180,6 +232,8 @@ class Window:
     """Per second: answers with status >= 400 by code, and upstream failures by kind."""
     prompt: dict[str, Histogram]
     """The prompt lengths counted in the window, by stage."""
+    endpoints: dict[str, EndpointRow]
+    """Per endpoint: the window's prompt lengths, and rates (totals at the first reading)."""
 
 
 def window(before: Snapshot | None, now: Snapshot) -> Window:
@@ -202,6 +256,10 @@ def _window(before: Snapshot, now: Snapshot, seconds: float) -> Window:
         {f"upstream {k}": r for k, r in rates(before.upstream_errors, now.upstream_errors).items()}
     )
     prompt = {s: h.minus(before.prompt.get(s, Histogram())) for s, h in now.prompt.items()}
+    endpoints = {
+        name: row.since(before.endpoints.get(name, EndpointRow()), seconds)
+        for name, row in now.endpoints.items()
+    }
     return Window(
         now,
         seconds,
@@ -210,4 +268,5 @@ def _window(before: Snapshot, now: Snapshot, seconds: float) -> Window:
         rate(before.session_resets, now.session_resets),
         errors,
         prompt,
+        endpoints,
     )

@@ -109,7 +109,14 @@ async def test_timeout_is_a_429_that_names_the_settings(metrics: Metrics) -> Non
         error.message
     )
     assert "1000 of 1000 tokens" in error.message
-    assert sample(metrics, "trimproxy_admission_rejected_total", reason="timeout") == 1
+    rejected = "trimproxy_admission_rejected_total"
+    assert sample(metrics, rejected, reason="timeout", endpoint="chat") == 1
+    # Counted on the endpoint the request came in by.
+    with pytest.raises(Overloaded):
+        await g.admit(10, "messages")
+    assert sample(metrics, rejected, reason="timeout", endpoint="messages") == 1
+    assert sample(metrics, rejected, reason="timeout", endpoint="chat") == 1
+    assert sample(metrics, rejected, reason="timeout", endpoint="completions") == 0
     held.release()
 
 
@@ -121,7 +128,8 @@ async def test_a_wait_the_client_abandons_is_counted(metrics: Metrics) -> None:
     waiting.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiting
-    assert sample(metrics, "trimproxy_admission_rejected_total", reason="client_closed") == 1
+    labels = {"reason": "client_closed", "endpoint": "chat"}
+    assert sample(metrics, "trimproxy_admission_rejected_total", **labels) == 1
     held.release()
 
 

@@ -97,7 +97,9 @@ def test_render_leaves_out_created_series() -> None:
     text = metrics.render().decode()
     assert "_created" not in text
     assert 'trimproxy_requests_total{code="200",route="/v1/models"} 1.0' in text
-    assert 'trimproxy_prompt_tokens_count{model="other",stage="received"} 1.0' in text
+    assert (
+        'trimproxy_prompt_tokens_count{endpoint="chat",model="other",stage="received"} 1.0' in text
+    )
     # Another registry in the same process keeps its _created series: no global switch.
     from prometheus_client import CollectorRegistry, Counter, generate_latest
 

@@ -7,7 +7,7 @@ import re
 
 from proxy.top.cli import watch
 from proxy.top.render import lines
-from proxy.top.snapshot import UPSTREAM, read, window
+from proxy.top.snapshot import NO_ENDPOINT, UPSTREAM, read, window
 
 TWO_ENGINES = """\
 # TYPE trimproxy_engine_up gauge
@@ -31,16 +31,25 @@ trimproxy_requests_total{code="200",route="/v1/chat/completions"} 40.0
 trimproxy_requests_total{code="502",route="/v1/chat/completions"} 2.0
 trimproxy_requests_total{code="200",route="/healthz"} 5.0
 # TYPE trimproxy_trim_events counter
-trimproxy_trim_events_total{model="m",reason="budget"} 7.0
+trimproxy_trim_events_total{endpoint="chat",model="m",reason="budget"} 7.0
 # TYPE trimproxy_session_limit counter
-trimproxy_session_limit_total{action="reset",reason="turns"} 3.0
-trimproxy_session_limit_total{action="reject",reason="age"} 4.0
+trimproxy_session_limit_total{action="reset",endpoint="chat",reason="turns"} 3.0
+trimproxy_session_limit_total{action="reject",endpoint="chat",reason="age"} 4.0
+# TYPE trimproxy_admission_rejected counter
+trimproxy_admission_rejected_total{endpoint="chat",reason="timeout"} 0.0
+trimproxy_admission_rejected_total{endpoint="completions",reason="timeout"} 0.0
+trimproxy_admission_rejected_total{endpoint="messages",reason="timeout"} 5.0
 # TYPE trimproxy_prompt_tokens histogram
-trimproxy_prompt_tokens_bucket{le="100.0",model="m",stage="received"} 2.0
-trimproxy_prompt_tokens_bucket{le="1000.0",model="m",stage="received"} 10.0
-trimproxy_prompt_tokens_bucket{le="+Inf",model="m",stage="received"} 10.0
-trimproxy_prompt_tokens_count{model="m",stage="received"} 10.0
-trimproxy_prompt_tokens_sum{model="m",stage="received"} 5000.0
+trimproxy_prompt_tokens_bucket{endpoint="chat",le="100.0",model="m",stage="received"} 2.0
+trimproxy_prompt_tokens_bucket{endpoint="chat",le="1000.0",model="m",stage="received"} 10.0
+trimproxy_prompt_tokens_bucket{endpoint="chat",le="+Inf",model="m",stage="received"} 10.0
+trimproxy_prompt_tokens_count{endpoint="chat",model="m",stage="received"} 10.0
+trimproxy_prompt_tokens_sum{endpoint="chat",model="m",stage="received"} 5000.0
+trimproxy_prompt_tokens_bucket{endpoint="responses",le="100.0",model="m",stage="received"} 0.0
+trimproxy_prompt_tokens_bucket{endpoint="responses",le="1000.0",model="m",stage="received"} 3.0
+trimproxy_prompt_tokens_bucket{endpoint="responses",le="+Inf",model="m",stage="received"} 3.0
+trimproxy_prompt_tokens_count{endpoint="responses",model="m",stage="received"} 3.0
+trimproxy_prompt_tokens_sum{endpoint="responses",model="m",stage="received"} 1500.0
 """
 
 
@@ -53,7 +62,32 @@ def test_engine_labelled_series_give_one_row_each() -> None:
     assert snap.engines["127.0.0.3:8000"].up == 0.0
     assert snap.requests_by_code == {"200": 40.0, "502": 2.0}  # /healthz's probes left out
     assert (snap.trims, snap.session_resets) == (7.0, 3.0)
-    assert snap.prompt["received"].count == 10.0
+    assert snap.prompt["received"].count == 13.0  # all endpoints
+    assert sorted(snap.endpoints) == ["chat", "completions", "messages", "responses"]
+    chat, responses = snap.endpoints["chat"], snap.endpoints["responses"]
+    assert (chat.prompt["received"].count, responses.prompt["received"].count) == (10.0, 3.0)
+    assert (chat.trims, chat.session_resets, chat.admission_rejected) == (7.0, 3.0, 0.0)
+    assert snap.endpoints["messages"].admission_rejected == 5.0
+
+
+def test_each_endpoint_with_traffic_gets_a_row() -> None:
+    screen = lines(window(None, read(TWO_ENGINES, 10.0)), "http://proxy")
+    head = next(i for i, line in enumerate(screen) if line.startswith("endpoint "))
+    rows = {line.split()[0]: line.split() for line in screen[head + 1 :]}
+    # In the label's order; completions had only a zero series: no row.
+    assert list(rows) == ["chat", "responses", "messages"], screen
+    assert rows["chat"] == ["chat", "10", "<=1000", "<=1000", "-", "-", "7", "3", "0"]
+    assert rows["responses"][:4] == ["responses", "3", "<=1000", "<=1000"]
+    assert rows["messages"][-1] == "5"
+
+
+def test_series_without_an_endpoint_label_still_read() -> None:
+    text = (
+        "# TYPE trimproxy_trim_events counter\n"
+        'trimproxy_trim_events_total{model="m",reason="budget"} 2.0\n'
+    )
+    snap = read(text, 0.0)
+    assert snap.trims == 2.0 and snap.endpoints[NO_ENDPOINT].trims == 2.0
 
 
 def test_a_single_upstream_is_one_row_from_the_unlabelled_series() -> None:
@@ -79,7 +113,9 @@ def test_a_window_takes_rates_and_the_recent_prompt_lengths() -> None:
             'le="+Inf",model="m",stage="received"} 10.0',
             'le="+Inf",model="m",stage="received"} 14.0',
         )
-        .replace('{model="m",stage="received"} 10.0', '{model="m",stage="received"} 14.0')
+        .replace(
+            '"chat",model="m",stage="received"} 10.0', '"chat",model="m",stage="received"} 14.0'
+        )
     )
     view = window(before, read(later, 12.0))
     assert view.seconds == 2.0
@@ -92,6 +128,7 @@ def test_a_window_takes_rates_and_the_recent_prompt_lengths() -> None:
     assert re.search(r"^127\.0\.0\.3:8000 +NO", screen, re.MULTILINE)
     assert "1200/6144" in screen and "0.618" in screen
     assert "requests 10/s" in screen
+    assert re.search(r"^chat +2 +<=inf +<=inf", screen, re.MULTILINE)  # 4 prompts in 2 s
 
 
 def test_watch_says_when_the_proxy_does_not_answer() -> None:
