@@ -46,6 +46,8 @@ class RequestFacts:
     """The proxy's own error code, when it answered with one."""
     engine: str | None = None
     """The engine the request was sent to (``host:port``)."""
+    continued: str | None = None
+    """Each continuation of a streamed answer: ``reason@engine``, comma-separated."""
 
     def fields(self, method: str, path: str, status: int, duration: float) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -71,6 +73,8 @@ class RequestFacts:
             out["error"] = self.error
         if self.engine is not None:
             out["engine"] = self.engine
+        if self.continued is not None:
+            out["continued"] = self.continued
         return out
 
 
