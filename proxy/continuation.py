@@ -70,12 +70,17 @@ def split_error(chunk: bytes) -> EngineErrorEvent | None:
 
 class SoFar:
     """The relayed bytes of one answer, kept for its continuation; ``then``: the hook
-    the chunks go on to (the answer watch)."""
+    the chunks go on to (the answer watch). Every ``COMPACT`` chunks the whole events
+    kept are read into ``part`` and let go: a long answer holds its text, not its
+    events' bytes."""
 
-    __slots__ = ("chunks", "then")
+    COMPACT = 256
+
+    __slots__ = ("chunks", "part", "then")
 
     def __init__(self, then: Callable[[bytes], None] | None) -> None:
         self.chunks: list[bytes] = []
+        self.part = Partial()
         self.then = then
 
     def on_chunk(self, chunk: bytes) -> None:
@@ -87,9 +92,24 @@ class SoFar:
         self.keep(chunk)
 
     def keep(self, chunk: bytes) -> None:
-        self.chunks.append(chunk)
+        chunks = self.chunks
+        chunks.append(chunk)
+        if len(chunks) >= self.COMPACT:
+            data = b"".join(chunks)
+            end = data.rfind(b"\n\n") + 2
+            self.part.feed(data[:end])
+            self.chunks = [data[end:]] if end < len(data) else []
         if self.then is not None:
             self.then(chunk)
+
+    def read(self) -> Partial:
+        """All that was sent (``Partial.read``, from what compaction kept)."""
+        data = b"".join(self.chunks)
+        self.chunks = []
+        self.part.feed(data)
+        if data and not data.endswith(b"\n\n"):
+            self.part.refused = "cut mid-event"
+        return self.part
 
 
 def _events(data: bytes) -> list[bytes]:
@@ -104,12 +124,15 @@ def _events(data: bytes) -> list[bytes]:
 
 @dataclass(slots=True)
 class Partial:
-    """What a broken stream sent its client, as far as continuing it needs."""
+    """What a broken stream sent its client, as far as continuing it needs; read event
+    by event (``feed``), so that ``SoFar`` need not keep a long answer's bytes."""
 
     head: dict[str, Any] = field(default_factory=dict)
-    text: str = ""
-    tokens: int = 0
-    """Completion tokens generated: the last usage's count, else one per content event."""
+    pieces: list[str] = field(default_factory=list)
+    events: int = 0
+    """Content events: one per decode step, as vLLM streams them."""
+    counted: int | None = None
+    """The completion tokens of the last usage the stream carried, if any."""
     finished: bool = False
     """The answer's finish reason (or ``[DONE]``) went out: nothing is left to generate."""
     refused: str | None = None
@@ -117,25 +140,35 @@ class Partial:
 
     @classmethod
     def read(cls, data: bytes) -> Partial:
+        """The whole of what was sent, which must end with a whole event."""
         part = cls()
+        part.feed(data)
         if data and not data.endswith(b"\n\n"):
             part.refused = "cut mid-event"
-            return part
-        counted = None
-        for payload in _events(data):
+        return part
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+    @property
+    def tokens(self) -> int:
+        """Completion tokens generated: the last usage's count, else one per event."""
+        return self.events if self.counted is None else self.counted
+
+    def feed(self, data: bytes) -> None:
+        """Whole events (a trailing part of one is left out)."""
+        for payload in _events(data[: data.rfind(b"\n\n") + 2]):
             if payload == _DONE:
-                part.finished = True
+                self.finished = True
                 continue
             chunk = orjson.loads(payload)
-            if not part.head:
-                part.head = {k: chunk[k] for k in ("id", "created", "model") if k in chunk}
+            if not self.head:
+                self.head = {k: chunk[k] for k in ("id", "created", "model") if k in chunk}
             usage = chunk.get("usage")
             if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
-                counted = usage["completion_tokens"]
-            part._choices(chunk.get("choices") or [])
-        if counted is not None:
-            part.tokens = counted
-        return part
+                self.counted = usage["completion_tokens"]
+            self._choices(chunk.get("choices") or [])
 
     def _choices(self, choices: list[Any]) -> None:
         for choice in choices:
@@ -150,15 +183,17 @@ class Partial:
                 self.refused = "reasoning begun"
             content = delta.get("content")
             if isinstance(content, str) and content:
-                self.text += content
-                self.tokens += 1
+                self.pieces.append(content)
+                self.events += 1
             if choice.get("finish_reason") is not None:
                 self.finished = True
 
 
 def continued_body(body: bytes, text: str, tokens: int) -> bytes | None:
     """The request once more, ``text`` as the final assistant message to continue; None
-    when its ``max_tokens`` is spent."""
+    when its ``max_tokens`` is spent. Nothing generated yet: the request as it was."""
+    if not text and not tokens:
+        return body
     request = orjson.loads(body)
     messages = list(request.get("messages") or [])
     last = messages[-1] if messages else None
@@ -187,12 +222,14 @@ class Reframe:
     """The continuation's events as part of the first answer (see the module's
     docstring); fed the new engine's chunks, gives the bytes to relay."""
 
-    __slots__ = ("_buffer", "_head", "_tokens")
+    __slots__ = ("_buffer", "_head", "_opened", "_tokens")
 
     def __init__(self, part: Partial) -> None:
         self._head = part.head
         self._tokens = part.tokens
         self._buffer = b""
+        # The client had the answer's opening event: the new engine's is dropped.
+        self._opened = bool(part.head)
 
     def __call__(self, chunk: bytes) -> bytes:
         data = self._buffer + chunk
@@ -220,7 +257,7 @@ class Reframe:
         chunk.update(self._head)
         for choice in chunk.get("choices") or []:
             delta = choice.get("delta")
-            if isinstance(delta, dict) and delta.pop("role", None) is not None:
+            if self._opened and isinstance(delta, dict) and delta.pop("role", None) is not None:
                 # The new engine's opening event: the client had its role delta already.
                 opening = not delta.get("content") and len(delta) <= 1
                 if opening and choice.get("finish_reason") is None:
@@ -264,7 +301,7 @@ class Continuation:
         """The next engine's stream of the rest of the answer, and the SSE comment that
         says so; None when it cannot go on (the relay then ends it as before)."""
         reason = reason_of(exc)
-        part = Partial.read(b"".join(self.so_far.chunks))
+        part = self.so_far.read()
         why = part.refused
         if why is None and self.left < 1:
             why = "no attempts left (TRIMPROXY_CONTINUE_ATTEMPTS)"

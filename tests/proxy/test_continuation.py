@@ -128,3 +128,24 @@ def test_so_far_keeps_the_chunks_and_splits_off_the_engines_error_event() -> Non
     assert raised.value.rest == error
     # Text that names "error" inside a JSON string is escaped: no false alarm.
     so_far.on_chunk(event({"content": 'say {"error"'}))
+
+
+def test_so_far_reads_a_long_answer_it_compacted_as_a_whole() -> None:
+    """Past ``COMPACT`` chunks the kept events are read and let go: the same answer."""
+    so_far = SoFar(None)
+    data = ROLE + b"".join(event({"content": f" w{i}"}) for i in range(1000))
+    for i in range(0, len(data), 100):  # chunks that cut events anywhere
+        so_far.on_chunk(data[i : i + 100])
+    assert len(so_far.chunks) < SoFar.COMPACT
+    whole = Partial.read(data)
+    part = so_far.read()
+    assert (part.text, part.tokens, part.head) == (whole.text, 1000, whole.head)
+    assert part.refused is None and not part.finished
+
+
+def test_a_stream_broken_before_any_token_is_sent_again_as_it_was() -> None:
+    body = orjson.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5})
+    assert continued_body(body, "", 0) == body
+    # The client saw no opening event: the new engine's goes through.
+    reframe = Reframe(Partial.read(b""))
+    assert b'"role":"assistant"' in reframe(ROLE)
