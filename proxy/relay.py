@@ -139,7 +139,12 @@ class Relay(Response):
     """
 
     def __init__(
-        self, answer: Answer, client_gone: asyncio.Future[None], *, capture_limit: int = 0
+        self,
+        answer: Answer,
+        client_gone: asyncio.Future[None],
+        *,
+        capture_limit: int = 0,
+        error_event: Callable[[ProxyError], bytes] = sse_error_event,
     ) -> None:
         upstream = self._upstream = answer.response
         self._answer = answer
@@ -149,6 +154,8 @@ class Relay(Response):
         # a longer body is relayed all the same, just not kept.
         self._capture_limit = capture_limit
         self._captured: list[bytes] | None = [] if capture_limit > 0 else None
+        # A stream's last event when it broke off: in its dialect's envelope.
+        self._error_event = error_event
         self.status_code = upstream.status
         self.raw_headers = response_headers(upstream.raw_headers, answer.headers)
         self.background = None
@@ -256,7 +263,7 @@ class Relay(Response):
         error = self._answer.failure(exc, self._upstream)
         log.warning("upstream answer broke off: %s", type(exc).__name__)
         if self._is_sse():
-            event = sse_error_event(error)
+            event = self._error_event(error)
             await send({"type": "http.response.body", "body": event, "more_body": True})
         raise RelayAborted(error.code) from None
 

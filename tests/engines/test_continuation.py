@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
 import pytest
 
@@ -247,3 +248,46 @@ def test_answers_that_cannot_be_continued_keep_the_error_event(
             for _ in r.iter_lines():
                 pass
         assert continued_count(proxy) == 0
+
+
+def test_a_cut_messages_stream_ends_in_anthropics_error_event(sims: list[SimUpstream]) -> None:
+    """vLLM's Messages route renders a trailing assistant message as a new turn (no
+    continuation form): a broken Messages stream is not continued, and its last event
+    is Anthropic's ``error`` event, which the anthropic SDK raises on."""
+    request = {
+        "model": "sim-model",
+        "max_tokens": 30,
+        "stream": True,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    lines: list[str] = []
+    with ProxyProcess({**SETTINGS, "upstream_url": ",".join(s.url for s in sims)}) as proxy:
+        with (
+            pytest.raises(httpx.RemoteProtocolError),
+            httpx.stream(
+                "POST",
+                proxy.url + "/v1/messages",
+                json=request,
+                headers={"x-sim-cut-after": "5"},
+                timeout=30,
+            ) as r,
+        ):
+            lines.extend(line for line in r.iter_lines() if line)
+        client = anthropic.Anthropic(
+            base_url=proxy.url,
+            api_key="x",
+            max_retries=0,
+            default_headers={"x-sim-cut-after": "5"},
+        )
+        with (
+            pytest.raises(anthropic.APIError),
+            client.messages.stream(
+                model="sim-model", max_tokens=30, messages=[{"role": "user", "content": "hi"}]
+            ) as stream,
+        ):
+            for _ in stream:
+                pass
+        assert continued_count(proxy) == 0
+    assert lines[-2] == "event: error"
+    error = json.loads(lines[-1][6:])
+    assert error["type"] == "error" and error["error"]["type"] == "api_error"
