@@ -7,10 +7,19 @@ from __future__ import annotations
 
 from typing import Any
 
+import aiohttp
 import orjson
 import pytest
 
-from proxy.continuation import EngineErrorEvent, Partial, Reframe, SoFar, continued_body
+from proxy.continuation import (
+    REASONS,
+    EngineErrorEvent,
+    Partial,
+    Reframe,
+    SoFar,
+    continued_body,
+    reason_of,
+)
 
 
 def event(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
@@ -149,3 +158,15 @@ def test_a_stream_broken_before_any_token_is_sent_again_as_it_was() -> None:
     # The client saw no opening event: the new engine's goes through.
     reframe = Reframe(Partial.read(b""))
     assert b'"role":"assistant"' in reframe(ROLE)
+
+
+def test_the_reasons_are_the_metrics_bounded_labels() -> None:
+    broke = [
+        aiohttp.ClientPayloadError("Response payload is not completed"),
+        aiohttp.ServerDisconnectedError(),
+        ConnectionResetError(),
+        aiohttp.ServerTimeoutError("Timeout on reading data from socket"),
+        EngineErrorEvent(b"", b""),
+    ]
+    assert [reason_of(e) for e in broke] == ["reset", "reset", "reset", "timeout", "error_event"]
+    assert set(map(reason_of, broke)) == set(REASONS)
