@@ -107,8 +107,9 @@ class _Pacer:
 #: A request header: the stream breaks off once the answer's K-th token is sent (counted
 #: over the whole answer, so a continuation of it goes on past K unbroken).
 CUT_HEADER = "x-sim-cut-after"
-#: How it breaks off: ``close`` (the connection dropped, as an engine killed mid-answer)
-#: or ``error`` (vLLM's own error event, then ``[DONE]``).
+#: How it breaks off: ``close`` (the connection dropped, as an engine killed mid-answer),
+#: ``error`` (vLLM's own error event, then ``[DONE]``) or ``stall`` (nothing more is
+#: sent, the connection held open until the client closes it, as a hung engine does).
 CUT_HOW_HEADER = "x-sim-cut"
 _ERROR_EVENT = (
     b'data: {"error": {"message": "EngineCore encountered an issue.", "type": '
@@ -122,10 +123,14 @@ def _cut_at(request: web.Request) -> int | None:
 
 
 async def _break_off(request: web.Request, response: web.StreamResponse) -> None:
-    if request.headers.get(CUT_HOW_HEADER) == "error":
+    how = request.headers.get(CUT_HOW_HEADER)
+    if how == "error":
         await response.write(_ERROR_EVENT)
         await response.write_eof()
         return
+    if how == "stall":
+        # Raises ClientGone once the client closes the connection.
+        await _sleep_watching(request, request.app[STATE].clock, 24 * 3600.0)
     if request.transport is not None:
         request.transport.abort()
     raise ClientGone  # the sim's own cleanup: the blocks go back

@@ -196,6 +196,20 @@ def test_a_cut_stream_is_continued_on_the_next_engine(
     assert "at 10 tokens" in comments[0]
 
 
+def test_a_stalled_stream_is_continued_after_the_read_timeout(sims: list[SimUpstream]) -> None:
+    """A hung engine (nothing sent, the connection open): the read timeout breaks its
+    stream, the proxy closes it (the engine aborts the request and frees its blocks),
+    and the answer goes on on the other engine."""
+    settings = {**SETTINGS, "upstream_url": ",".join(s.url for s in sims), "read_timeout": 1}
+    with ProxyProcess(settings) as proxy:
+        lines = cut_stream(proxy, "stall")
+        assert scrape(proxy.url).value("trimproxy_answers_continued_total", reason="timeout") == 1
+    assert_one_whole_answer(lines, 30)
+    stalled = next(s for s in sims if not any(
+        r["json"].get("continue_final_message") for r in s.chat_requests()))  # fmt: skip
+    stalled.wait_for_state(lambda state: state["disconnects"] == 1, timeout=10)
+
+
 def test_attempts_zero_keeps_the_honest_error_event(sims: list[SimUpstream]) -> None:
     settings = {**SETTINGS, "upstream_url": ",".join(s.url for s in sims), "continue_attempts": 0}
     with ProxyProcess(settings) as proxy:
