@@ -239,9 +239,11 @@ class Reframe:
             return b""
         self._buffer = data[end + 2 :]
         out: list[bytes] = []
-        for event in data[: end + 2].split(b"\n\n")[:-1]:
+        events = data[:end].split(b"\n\n")
+        for i, event in enumerate(events):
             if _ERROR in event:
-                raise EngineErrorEvent(b"".join(out), event + b"\n\n" + self._buffer)
+                rest = b"\n\n".join(events[i:]) + b"\n\n" + self._buffer
+                raise EngineErrorEvent(b"".join(out), rest)
             framed = self._event(event)
             if framed:
                 out.append(framed)

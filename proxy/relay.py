@@ -249,14 +249,20 @@ class Relay(Response):
         if isinstance(exc, EngineErrorEvent) and exc.head:
             await send({"type": "http.response.body", "body": exc.head, "more_body": True})
         continuation = self._answer.continuation
-        if continuation is not None and await self._continue(send, continuation, exc):
-            return
+        if continuation is not None:
+            broke = await self._continue(send, continuation, exc)
+            if broke is None:
+                return
+            exc = broke
         if isinstance(exc, EngineErrorEvent):
             # The engine's own error event, relayed as it came, and the rest of its stream.
             await send({"type": "http.response.body", "body": exc.rest, "more_body": True})
-            while chunk := await self._upstream.content.readany():
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            return
+            try:
+                while chunk := await self._upstream.content.readany():
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                return
+            except BROKEN as again:
+                exc = again
         # No error answer can follow the head: a stream gets a final error event, and
         # then every answer is broken off (RelayAborted), so that no client takes a
         # cut answer for a complete one.
@@ -267,9 +273,11 @@ class Relay(Response):
             await send({"type": "http.response.body", "body": event, "more_body": True})
         raise RelayAborted(error.code) from None
 
-    async def _continue(self, send: Send, continuation: Continuation, exc: BaseException) -> bool:
+    async def _continue(
+        self, send: Send, continuation: Continuation, exc: BaseException
+    ) -> BaseException | None:
         """The rest of the answer from the next engines, re-framed as the same answer;
-        False when it cannot go on (``exc``: what broke the last one)."""
+        None once it ended, else what broke the last stream when none can go on."""
         while (resumed := await continuation.resume(exc)) is not None:
             self._upstream.close()
             self._upstream, comment = resumed
@@ -287,7 +295,7 @@ class Relay(Response):
                         await send({"type": "http.response.body", "body": out, "more_body": True})
                     if deadline is not None:
                         deadline.last = now()
-                return True
+                return None
             except BROKEN as again:
                 exc = again
                 if isinstance(again, EngineErrorEvent) and again.head:
@@ -297,7 +305,7 @@ class Relay(Response):
             finally:
                 if deadline is not None:
                     deadline.cancel()
-        return False
+        return exc
 
     def _is_sse(self) -> bool:
         return self._upstream.content_type == "text/event-stream"

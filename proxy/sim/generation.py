@@ -105,7 +105,8 @@ class _Pacer:
 
 
 #: A request header: the stream breaks off once the answer's K-th token is sent (counted
-#: over the whole answer, so a continuation of it goes on past K unbroken).
+#: over the whole answer, so a continuation of it goes on past K unbroken); several
+#: comma-separated: a continuation breaks off again at the next one.
 CUT_HEADER = "x-sim-cut-after"
 #: How it breaks off: ``close`` (the connection dropped, as an engine killed mid-answer),
 #: ``error`` (vLLM's own error event, then ``[DONE]``) or ``stall`` (nothing more is
@@ -117,9 +118,9 @@ _ERROR_EVENT = (
 )
 
 
-def _cut_at(request: web.Request) -> int | None:
-    value = request.headers.get(CUT_HEADER, "")
-    return int(value) if value.isdigit() else None
+def _cut_at(request: web.Request) -> frozenset[int]:
+    values = request.headers.get(CUT_HEADER, "").split(",")
+    return frozenset(int(v) for v in values if v.strip().isdigit())
 
 
 async def _break_off(request: web.Request, response: web.StreamResponse) -> None:
@@ -193,7 +194,7 @@ async def generate(
             for k in range(plan.completion_tokens):
                 await pacer.step()
                 await response.write(next(events))
-                if cut is not None and plan.skip + k + 1 == cut:
+                if plan.skip + k + 1 in cut:
                     await _break_off(request, response)
                     return response
             for event in events:

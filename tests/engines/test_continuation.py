@@ -210,6 +210,35 @@ def test_a_stalled_stream_is_continued_after_the_read_timeout(sims: list[SimUpst
     stalled.wait_for_state(lambda state: state["disconnects"] == 1, timeout=10)
 
 
+@pytest.mark.parametrize("attempts", [1, 2])
+def test_each_attempt_continues_once_and_then_the_error_event_is_relayed(attempts: int) -> None:
+    """Broken at token 10 and again at 20 (each time with the engine's error event):
+    two attempts make a whole answer; one relays the second engine's error event."""
+    engines = [start_sim_thread("vllm", completion_tokens=40) for _ in range(3)]
+    settings = {
+        **SETTINGS,
+        "upstream_url": ",".join(s.url for s in engines),
+        "continue_attempts": attempts,
+    }
+    headers = {"x-sim-cut-after": "10,20", "x-sim-cut": "error"}
+    try:
+        with ProxyProcess(settings) as proxy:
+            r = httpx.post(proxy.url + CHAT, json=body("one", 30), headers=headers, timeout=30)
+            assert continued_count(proxy) == attempts
+    finally:
+        for sim in engines:
+            sim.stop()
+    lines = [line for line in r.text.split("\n") if line]
+    if attempts == 2:
+        assert_one_whole_answer(lines, 30)
+        return
+    assert lines[-2].startswith('data: {"error": {"message": "EngineCore')
+    assert lines[-1] == "data: [DONE]"
+    events = chunks(lines[:-2])
+    text = "".join(ch["delta"].get("content") or "" for c in events for ch in c["choices"])
+    assert text == "".join(completion_text(20))
+
+
 def test_attempts_zero_keeps_the_honest_error_event(sims: list[SimUpstream]) -> None:
     settings = {**SETTINGS, "upstream_url": ",".join(s.url for s in sims), "continue_attempts": 0}
     with ProxyProcess(settings) as proxy:
