@@ -20,7 +20,13 @@ from proxy.errors import ContextLengthExceeded, InvalidRequest, ProxyError
 from proxy.forward import Outgoing, forward
 from proxy.logs import request_facts
 from proxy.prepare_dialect import Wire, prepare_conversation, wire
-from proxy.relay import STREAM_WATCH_DELAY, WATCH_DELAY, Relay, watch_disconnect
+from proxy.relay import (
+    STREAM_WATCH_DELAY,
+    WATCH_DELAY,
+    Relay,
+    sse_error_event,
+    watch_disconnect,
+)
 from proxy.routes import read_body
 from proxy.types import JSON_MEDIA_TYPE
 
@@ -32,7 +38,11 @@ MESSAGES = wire("messages", messages.to_chat, messages.render, messages_chat.cha
 
 
 async def _serve(
-    request: Request, w: Wire, parse: Callable[[bytes], Conversation], chained: bool = False
+    request: Request,
+    w: Wire,
+    parse: Callable[[bytes], Conversation],
+    error_event: Callable[[ProxyError], bytes] = sse_error_event,
+    chained: bool = False,
 ) -> Response:
     svc = services(request)
     raw = await read_body(request, svc.settings.max_body_bytes, svc.settings.body_timeout)
@@ -58,7 +68,7 @@ async def _serve(
         path = f"{path}?{query.decode('latin-1')}"
     out = Outgoing("POST", path, headers, prepared.body)
     sent = await forward(svc, out, client_gone, facts, prepared)
-    relay = Relay(sent, client_gone)
+    relay = Relay(sent, client_gone, error_event=error_event)
     if linked is None:
         return relay
     return response_chain.keeping(svc, request.headers, linked, relay, sent, prepared, facts)
@@ -85,10 +95,14 @@ async def create_message(request: Request) -> Response:
     """``POST /v1/messages``: trimmed to the budget like chat; errors in Anthropic's
     envelope, an over-long prompt in the wording agent clients act on."""
     try:
-        return await _serve(request, MESSAGES, messages.parse)
+        return await _serve(request, MESSAGES, messages.parse, _anthropic_event)
     except ProxyError as exc:
         request_facts(request).error = exc.code  # for the access line
         return anthropic_response(exc)
+
+
+def _anthropic_event(exc: ProxyError) -> bytes:
+    return anthropic_errors.stream_error_event(exc.status, exc.message)
 
 
 def anthropic_response(exc: ProxyError) -> Response:

@@ -23,14 +23,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 import aiohttp
 
 from proxy.admission import AnswerWatch, KvAdmission, Need, Reservation, asks_usage, wait_header
+from proxy.continuation import Continuation, SoFar
 from proxy.dependencies import Services
 from proxy.engines.engine import Engine
+from proxy.errors import ProxyError
 from proxy.logs import RequestFacts
 from proxy.metrics import OTHER_MODEL, Metrics
 from proxy.prepare import Prepared
@@ -38,6 +40,8 @@ from proxy.relay import ChunkHook, FailureMap
 from proxy.tokens import estimate_error
 from proxy.upstream import connection_failed
 from proxy.upstream.failover import failover
+
+_CHAT_PATH = "/v1/chat/completions"
 
 
 @dataclass(slots=True)
@@ -73,6 +77,8 @@ class Sent:
     facts: RequestFacts | None = None
     started: float = 0.0
     """``perf_counter()`` when it was forwarded (the TTFB clock)."""
+    continuation: Continuation | None = None
+    """A streamed chat answer that may go on on another engine (``proxy.continuation``)."""
     _done: bool = False
 
     @property
@@ -160,7 +166,7 @@ async def _send_routed(
     key = prepared.session_key
     endpoint = prepared.endpoint
 
-    async def attempt(engine: Engine) -> Sent:
+    async def attempt(engine: Engine, body: bytes | None = out.body) -> Sent:
         gate = gates.get(engine)
         reservation = None
         facts.engine = engine.label
@@ -170,7 +176,7 @@ async def _send_routed(
         started = time.perf_counter()
         try:
             response = await transport.send(
-                engine, out.method, out.path, out.headers, out.body, client_gone
+                engine, out.method, out.path, out.headers, body, client_gone
             )
         except BaseException:
             engine.in_flight -= 1
@@ -196,7 +202,85 @@ async def _send_routed(
     sent, engine = await failover(order, attempt, connection_failed)
     if engine is not order[0]:
         upstream.router.retried(key, engine)
+    if _continuable(svc, out, prepared, sent):
+        _continue_on(svc, out, prepared, sent, attempt)
     return sent
+
+
+def _continuable(svc: Services, out: Outgoing, prepared: Prepared, sent: Sent) -> bool:
+    """A streamed chat answer of one choice without logprobs, with another engine to
+    go on on (docs/architecture.md §23)."""
+    request = prepared.request
+    if request is None or not request.stream or request.n != 1 or out.body is None:
+        return False
+    if svc.settings.continue_attempts < 1 or len(svc.upstream.engines.all()) < 2:
+        return False
+    body = request.body
+    if body.get("logprobs") or body.get("top_logprobs"):
+        return False
+    return out.path == _CHAT_PATH and sent.response.status == 200
+
+
+def _continue_on(
+    svc: Services,
+    out: Outgoing,
+    prepared: Prepared,
+    sent: Sent,
+    attempt: Callable[[Engine, bytes], Awaitable[Sent]],
+) -> None:
+    """Make ``sent`` continuable: its chunks kept, and the move to the next engine."""
+    upstream = svc.upstream
+    key = prepared.session_key
+    model = prepared.request.model if prepared.request is not None else None
+    tried: list[Engine] = [] if sent.engine is None else [sent.engine]
+    so_far = SoFar(sent.on_chunk)
+
+    async def move(body: bytes) -> tuple[aiohttp.ClientResponse, str] | str:
+        if not await _continues_chat(svc, model):
+            return "the engines have no continuation form (FastChat)"
+        # What the broken answer held on its engine is given back at once.
+        if sent.engine is not None:
+            sent.engine.in_flight -= 1
+            sent.engine = None
+        if sent.reservation is not None:
+            sent.reservation.release()
+            sent.reservation = None
+        sent.watch = None
+        try:
+            order = [e for e in upstream.order(key) if e not in tried]
+        except ProxyError as exc:
+            return exc.message
+        if not order:
+            return "no other live engine"
+        try:
+            moved, engine = await failover(order, lambda e: attempt(e, body), connection_failed)
+        except ProxyError as exc:
+            return f"it could not be sent: {exc.message}"
+        tried.append(engine)
+        upstream.router.retried(key, engine)
+        sent.engine, sent.reservation, sent.watch = moved.engine, moved.reservation, moved.watch
+        so_far.then = moved.on_chunk
+        if moved.response.status != 200:
+            moved.response.close()
+            return f"{engine.label} refused it with status {moved.response.status}"
+        return moved.response, engine.label
+
+    assert sent.facts is not None
+    sent.continuation = Continuation(
+        out.body or b"", svc.settings.continue_attempts, move, so_far, svc.metrics, sent.facts
+    )
+    sent.on_chunk = so_far.on_chunk
+
+
+async def _continues_chat(svc: Services, model: str | None) -> bool:
+    """Whether the engines can continue a final assistant message: vLLM can, and lists
+    ``max_model_len`` for its models; FastChat lists none and cannot."""
+    try:
+        served = await svc.upstream.models()
+    except ProxyError:
+        return False
+    named = [m for m in served if m.id == model] or served
+    return bool(named) and all(m.max_model_len is not None for m in named)
 
 
 def _watch(

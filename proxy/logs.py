@@ -51,6 +51,8 @@ class RequestFacts:
     endpoint: Endpoint | None = None
     """The API a prompt came in by; None for the relayed
     routes, which carry no prompt the proxy reads."""
+    continued: str | None = None
+    """Each continuation of a streamed answer: ``reason@engine``, comma-separated."""
 
     def fields(self, method: str, path: str, status: int, duration: float) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -78,6 +80,8 @@ class RequestFacts:
             out["error"] = self.error
         if self.engine is not None:
             out["engine"] = self.engine
+        if self.continued is not None:
+            out["continued"] = self.continued
         return out
 
 

@@ -377,6 +377,13 @@ class Metrics:
             "Completion tokens those answers generated beyond their reservations.",
             registry=r,
         )
+        self.answers_continued = Counter(
+            "trimproxy_answers_continued",
+            "Streamed answers whose engine broke off mid-answer and that another engine "
+            "continued (docs/architecture.md §23), by what broke: reset, timeout, error_event.",
+            ["reason"],
+            registry=r,
+        )
 
         self.build_info = Gauge(
             "trimproxy_build_info",

@@ -23,6 +23,7 @@ import aiohttp
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from proxy.continuation import BROKEN, Continuation, EngineErrorEvent
 from proxy.errors import ProxyError
 from proxy.types import JSON_MEDIA_TYPE
 
@@ -107,6 +108,11 @@ class Answer(Protocol):
     @property
     def on_chunk(self) -> ChunkHook | None: ...
 
+    @property
+    def continuation(self) -> Continuation | None:
+        """How a stream that breaks off goes on elsewhere (None: it ends in an error)."""
+        ...
+
     def end(self, complete: bool, captured: bytes | None) -> None:
         """Once, when the relay is over: whether the body went out whole, and the body
         kept (``capture_limit``)."""
@@ -133,7 +139,12 @@ class Relay(Response):
     """
 
     def __init__(
-        self, answer: Answer, client_gone: asyncio.Future[None], *, capture_limit: int = 0
+        self,
+        answer: Answer,
+        client_gone: asyncio.Future[None],
+        *,
+        capture_limit: int = 0,
+        error_event: Callable[[ProxyError], bytes] = sse_error_event,
     ) -> None:
         upstream = self._upstream = answer.response
         self._answer = answer
@@ -143,6 +154,8 @@ class Relay(Response):
         # a longer body is relayed all the same, just not kept.
         self._capture_limit = capture_limit
         self._captured: list[bytes] | None = [] if capture_limit > 0 else None
+        # A stream's last event when it broke off: in its dialect's envelope.
+        self._error_event = error_event
         self.status_code = upstream.status
         self.raw_headers = response_headers(upstream.raw_headers, answer.headers)
         self.background = None
@@ -220,20 +233,79 @@ class Relay(Response):
                     deadline.last = None  # a client that reads slowly is no idle upstream
                     await send(message)
                     deadline.last = now()
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            # The head is out already, so no error answer can follow: a stream gets a
-            # final error event, and then every answer is broken off (RelayAborted),
-            # so that no client takes a cut answer for a complete one.
-            error = self._answer.failure(exc, self._upstream)
-            log.warning("upstream answer broke off: %s", type(exc).__name__)
-            if self._is_sse():
-                event = sse_error_event(error)
-                await send({"type": "http.response.body", "body": event, "more_body": True})
-            raise RelayAborted(error.code) from None
+        except BROKEN as exc:
+            if deadline is not None:
+                deadline.cancel()
+                deadline = None
+            await self._broken(send, exc)
         finally:
             if deadline is not None:
                 deadline.cancel()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _broken(self, send: Send, exc: BaseException) -> None:
+        """The upstream broke off after the head went out: the answer goes on on
+        another engine (``proxy.continuation``), or it ends as it can."""
+        if isinstance(exc, EngineErrorEvent) and exc.head:
+            await send({"type": "http.response.body", "body": exc.head, "more_body": True})
+        continuation = self._answer.continuation
+        if continuation is not None:
+            broke = await self._continue(send, continuation, exc)
+            if broke is None:
+                return
+            exc = broke
+        if isinstance(exc, EngineErrorEvent):
+            # The engine's own error event, relayed as it came, and the rest of its stream.
+            await send({"type": "http.response.body", "body": exc.rest, "more_body": True})
+            try:
+                while chunk := await self._upstream.content.readany():
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                return
+            except BROKEN as again:
+                exc = again
+        # No error answer can follow the head: a stream gets a final error event, and
+        # then every answer is broken off (RelayAborted), so that no client takes a
+        # cut answer for a complete one.
+        error = self._answer.failure(exc, self._upstream)
+        log.warning("upstream answer broke off: %s", type(exc).__name__)
+        if self._is_sse():
+            event = self._error_event(error)
+            await send({"type": "http.response.body", "body": event, "more_body": True})
+        raise RelayAborted(error.code) from None
+
+    async def _continue(
+        self, send: Send, continuation: Continuation, exc: BaseException
+    ) -> BaseException | None:
+        """The rest of the answer from the next engines, re-framed as the same answer;
+        None once it ended, else what broke the last stream when none can go on."""
+        while (resumed := await continuation.resume(exc)) is not None:
+            self._upstream.close()
+            self._upstream, comment = resumed
+            await send({"type": "http.response.body", "body": comment, "more_body": True})
+            deadline = ReadDeadline.take_over(self._upstream)
+            now = asyncio.get_running_loop().time
+            reframe, keep = continuation.reframe, continuation.so_far.keep
+            assert reframe is not None
+            try:
+                while chunk := await self._upstream.content.readany():
+                    if deadline is not None:
+                        deadline.last = None
+                    if out := reframe(chunk):
+                        keep(out)
+                        await send({"type": "http.response.body", "body": out, "more_body": True})
+                    if deadline is not None:
+                        deadline.last = now()
+                return None
+            except BROKEN as again:
+                exc = again
+                if isinstance(again, EngineErrorEvent) and again.head:
+                    keep(again.head)
+                    message = {"type": "http.response.body", "body": again.head, "more_body": True}
+                    await send(message)
+            finally:
+                if deadline is not None:
+                    deadline.cancel()
+        return exc
 
     def _is_sse(self) -> bool:
         return self._upstream.content_type == "text/event-stream"

@@ -240,6 +240,14 @@ class Settings(BaseSettings):
         description="Seconds between health probes (GET /v1/models) of each engine; an engine "
         "out of the rotation is probed with backoff up to this interval.",
     )
+    continue_attempts: int = Field(
+        1,
+        ge=0,
+        le=8,
+        description="Times a streamed chat answer whose engine broke off mid-answer is "
+        "continued on the session's next live engine (the answer so far sent as a final "
+        "assistant message to continue); 0 turns it off: the stream ends in an error event.",
+    )
     upstream_refresh: float = Field(
         10.0,
         gt=0,

@@ -36,6 +36,12 @@ def envelope(status: int, message: str) -> bytes:
     return orjson.dumps({"type": "error", "error": error})
 
 
+def stream_error_event(status: int, message: str) -> bytes:
+    """The final event of a Messages stream that broke off: Anthropic's ``error`` event,
+    which its SDK raises on (vLLM's Messages route sends the same shape)."""
+    return b"event: error\ndata: " + envelope(status, message) + b"\n\n"
+
+
 def too_long_message(tokens: int, maximum: int) -> str:
     """Anthropic's wording for a prompt over the context window, which agent clients
     match (Claude Code compacts the conversation on it)."""

@@ -54,6 +54,9 @@ class Plan:
     #: The prompt tokens found in the prefix cache, known once the request is admitted
     #: (``generation.generate`` sets it): the Responses API reports them as usage.
     cached_tokens: int = 0
+    #: The sim's tokens already in the assistant message it continues
+    #: (``continue_final_message``): the answer goes on from there.
+    skip: int = 0
 
 
 class Dialect:
@@ -111,6 +114,28 @@ def check_messages(dialect: Dialect, cfg: SimConfig, payload: Any) -> list[dict[
     if not all(isinstance(m, dict) for m in messages):
         raise dialect.invalid(cfg, "messages: Input should be a valid dictionary")
     return messages
+
+
+def continued_tokens(dialect: Dialect, cfg: SimConfig, payload: dict[str, Any]) -> int | None:
+    """With ``continue_final_message``: how many of the sim's tokens the final assistant
+    message holds (its text is where the deterministic answer goes on); None without.
+    vLLM's own checks: not with ``add_generation_prompt``, and the last message an
+    assistant's."""
+    if not payload.get("continue_final_message"):
+        return None
+    if payload.get("add_generation_prompt", True):
+        raise dialect.invalid(
+            cfg, "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
+        )
+    last = payload["messages"][-1]
+    text = last.get("content") if last.get("role") == "assistant" else None
+    if not isinstance(text, str):
+        raise dialect.invalid(cfg, "continue_final_message: the last message is not an assistant's")
+    done, count = "", 0
+    while len(done) < len(text):
+        done += _WORDS[count % len(_WORDS)]
+        count += 1
+    return count if done == text else 0
 
 
 def new_chat_id() -> str:

@@ -104,6 +104,39 @@ class _Pacer:
             await _prefill(self.request, state, self.seq)
 
 
+#: A request header: the stream breaks off once the answer's K-th token is sent (counted
+#: over the whole answer, so a continuation of it goes on past K unbroken); several
+#: comma-separated: a continuation breaks off again at the next one.
+CUT_HEADER = "x-sim-cut-after"
+#: How it breaks off: ``close`` (the connection dropped, as an engine killed mid-answer),
+#: ``error`` (vLLM's own error event, then ``[DONE]``) or ``stall`` (nothing more is
+#: sent, the connection held open until the client closes it, as a hung engine does).
+CUT_HOW_HEADER = "x-sim-cut"
+_ERROR_EVENT = (
+    b'data: {"error": {"message": "EngineCore encountered an issue.", "type": '
+    b'"InternalServerError", "param": null, "code": 500}}\n\ndata: [DONE]\n\n'
+)
+
+
+def _cut_at(request: web.Request) -> frozenset[int]:
+    values = request.headers.get(CUT_HEADER, "").split(",")
+    return frozenset(int(v) for v in values if v.strip().isdigit())
+
+
+async def _break_off(request: web.Request, response: web.StreamResponse) -> None:
+    how = request.headers.get(CUT_HOW_HEADER)
+    if how == "error":
+        await response.write(_ERROR_EVENT)
+        await response.write_eof()
+        return
+    if how == "stall":
+        # Raises ClientGone once the client closes the connection.
+        await _sleep_watching(request, request.app[STATE].clock, 24 * 3600.0)
+    if request.transport is not None:
+        request.transport.abort()
+    raise ClientGone  # the sim's own cleanup: the blocks go back
+
+
 def _tail_hashes(state: SimState, plan: Plan, generated: int) -> list[int]:
     if plan.answer is None or plan.prompt_ids is None or generated != plan.completion_tokens:
         return []
@@ -157,9 +190,13 @@ async def generate(
             await response.prepare(request)
             events = iter(stream_events)
             await response.write(next(events))  # the role chunk, with the first token
-            for _ in range(plan.completion_tokens):
+            cut = _cut_at(request)
+            for k in range(plan.completion_tokens):
                 await pacer.step()
                 await response.write(next(events))
+                if plan.skip + k + 1 in cut:
+                    await _break_off(request, response)
+                    return response
             for event in events:
                 await response.write(event)
             await response.write_eof()

@@ -19,6 +19,7 @@ from proxy.sim.dialect import (
     SimError,
     check_messages,
     completion_text,
+    continued_tokens,
     max_tokens_of,
     model_list,
 )
@@ -34,7 +35,7 @@ def _tokens(plan: Plan) -> list[str]:
         return pieces(options.tool_call.arguments, plan.completion_tokens)
     if options.content is not None:
         return pieces(options.content, plan.completion_tokens)
-    return completion_text(plan.completion_tokens)
+    return completion_text(plan.skip + plan.completion_tokens)[plan.skip :]
 
 
 def _call(call: ToolCall, arguments: str | None = None) -> dict[str, Any]:
@@ -137,26 +138,28 @@ class VLLM(Dialect):
             # vLLM takes any role string (custom roles exist); the template decides.
             if not isinstance(message.get("role"), str):
                 raise self.invalid(cfg, "messages: each message needs a role")
+        skip = continued_tokens(self, cfg, payload)
         max_tokens = max_tokens_of(payload)
         if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
             raise self.invalid(cfg, "max_tokens: Input should be greater than or equal to 1")
         ids = None
         if cfg.prefix_caching:
             ids = prompt_ids(
-                messages, add_generation_prompt=True, bytes_per_token=cfg.bytes_per_token
+                messages, add_generation_prompt=skip is None, bytes_per_token=cfg.bytes_per_token
             )
             prompt = len(ids)
         else:
             prompt = prompt_tokens(
-                messages, add_generation_prompt=True, bytes_per_token=cfg.bytes_per_token
+                messages, add_generation_prompt=skip is None, bytes_per_token=cfg.bytes_per_token
             )
         self._context_error(cfg, prompt, max_tokens)
         room = max_tokens if max_tokens is not None else cfg.max_model_len - prompt
-        tokens = min(cfg.completion_tokens, room)
-        finish = "length" if room <= cfg.completion_tokens else "stop"
+        left = max(cfg.completion_tokens - (skip or 0), 0)
+        tokens = min(left, room)
+        finish = "length" if room <= left else "stop"
         options = parse_options(payload, lambda message, param: self.error(
             cfg, 400, message, kind="BadRequestError", param=param))  # fmt: skip
-        plan = Plan(model, prompt, tokens, finish, options, ids)
+        plan = Plan(model, prompt, tokens, finish, options, ids, skip=skip or 0)
         if ids is not None and options.n == 1 and options.tool_call is None:
             plan.answer = "".join(_tokens(plan)).lstrip()
         return plan

@@ -148,3 +148,12 @@ def test_a_bad_value_from_an_env_file_names_the_file(tmp_path: Path) -> None:
     env_file.write_text("TRIMPROXY_CONTEXT_WINDOW=100\n")
     line = one_line(serve("--env-file", str(env_file), cwd=tmp_path))
     assert f"TRIMPROXY_CONTEXT_WINDOW from {env_file}" in line
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [("-1", "greater than or equal to 0"), ("9", "less than or equal to 8"), ("once", "integer")],
+)
+def test_a_bad_continue_attempts_is_one_line(value: str, why: str) -> None:
+    line = one_line(serve(env={"TRIMPROXY_CONTINUE_ATTEMPTS": value}))
+    assert "invalid TRIMPROXY_CONTINUE_ATTEMPTS" in line and why in line

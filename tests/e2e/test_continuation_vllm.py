@@ -1,0 +1,136 @@
+"""A streamed answer outlives its engine, on real vLLM: two engines (CPU build, tiny
+model) behind trimproxy, a streamed chat answer of 400 tokens, and the engine that
+generates it SIGKILLed (its whole process group) after the client read ~100 of them
+(docs/architecture.md §23).
+
+The ``openai`` SDK reads one complete answer; the other engine's own request log
+(``--enable-log-requests`` at DEBUG) shows the prompt it was given: the conversation
+rendered by its chat template with the partial answer as the final assistant message,
+left open (``continue_final_message``: no end-of-turn after it, no new assistant turn).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import signal
+from collections.abc import Iterator
+from contextlib import ExitStack
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from bench.replicas import start_all
+from tests.e2e.conftest import ENGINE_NICE
+from tests.observability.promtext import scrape
+from tests.support.processes import ProxyProcess, free_port
+from tests.support.vllm_stack import EngineMetrics, VllmStack, build_vllm_model
+
+pytestmark = pytest.mark.vllm
+
+ANSWER = 400
+KILL_AFTER = 100
+_BODY = re.compile(r"Request \S+ JSON body: (\{.*\})$", re.MULTILINE)
+_PROMPT = re.compile(r"Request (\S+) details: prompt: ('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")")
+
+
+@pytest.fixture(scope="module")
+def engines() -> Iterator[list[VllmStack]]:
+    if os.environ.get("TRIMPROXY_SKIP_VLLM") == "1":
+        pytest.skip("TRIMPROXY_SKIP_VLLM=1: the real vLLM engine is switched off")
+    port = free_port()
+    stacks = [
+        VllmStack(
+            build_vllm_model(),
+            kv_blocks=127,
+            max_model_len=2048,
+            nice=ENGINE_NICE,
+            host=f"127.0.0.{2 + i}",
+            port=port,
+            extra_args=("--enable-log-requests",),
+            env={"VLLM_LOGGING_LEVEL": "DEBUG"},
+        )
+        for i in range(2)
+    ]
+    with ExitStack() as stopping:
+        for stack in stacks:
+            stopping.callback(stack.stop)
+        start_all(stacks)
+        yield stacks
+
+
+def running(engine: VllmStack) -> float:
+    try:
+        text = httpx.get(f"{engine.base_url}/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return 0.0
+    return EngineMetrics.parse(text).running
+
+
+def prompts(engine: VllmStack) -> list[str]:
+    """The prompts the engine rendered, from its request log (DEBUG)."""
+    text = engine.log.read_text(errors="replace")
+    return [ast.literal_eval(m.group(2)) for m in _PROMPT.finditer(text)]
+
+
+def bodies(engine: VllmStack) -> list[dict[str, Any]]:
+    """The request bodies the engine received, from its request log (DEBUG)."""
+    text = engine.log.read_text(errors="replace")
+    return [json.loads(m.group(1)) for m in _BODY.finditer(text)]
+
+
+def test_a_stream_survives_its_vllm_engine_killed_mid_answer(engines: list[VllmStack]) -> None:
+    settings = {
+        "upstream_url": ",".join(e.base_url for e in engines),
+        "tokenizer": "approx",
+        "health_interval": 1,
+        "upstream_metrics_interval": 0,
+    }
+    with ProxyProcess(settings) as proxy:
+        client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="x", max_retries=0)
+        stream = client.chat.completions.create(
+            model=engines[0].model,
+            messages=[{"role": "user", "content": "Tell me a long story about a river."}],
+            max_tokens=ANSWER,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+        ids, texts, finishes, usage = set(), [], [], None
+        victim: VllmStack | None = None
+        for chunk in stream:  # raises openai.APIError on an error event
+            ids.add(chunk.id)
+            for choice in chunk.choices:
+                texts.append(choice.delta.content or "")
+                if choice.finish_reason:
+                    finishes.append(choice.finish_reason)
+            if chunk.usage is not None:
+                usage = chunk.usage
+            if victim is None and len(texts) >= KILL_AFTER:
+                victim = max(engines, key=running)
+                assert victim.proc is not None
+                os.killpg(victim.proc.pid, signal.SIGKILL)
+        continued = scrape(proxy.url).value("trimproxy_answers_continued_total", reason="reset")
+        log = proxy.logs()
+    assert victim is not None
+    survivor = next(e for e in engines if e is not victim)
+    text = "".join(texts)
+    assert len(ids) == 1 and finishes == ["length"]
+    assert usage is not None and usage.completion_tokens >= ANSWER - 5
+    assert continued == 1 and '"continued":"reset@' in log
+    # The survivor was asked to continue the partial answer: the request it received
+    # ends with it as the final assistant message, to continue; the prompt it rendered
+    # ends with that text, its turn left open; the client's answer goes on from it.
+    asked = [b for b in bodies(survivor) if b.get("continue_final_message")]
+    assert len(asked) == 1, bodies(survivor)
+    assert asked[0]["add_generation_prompt"] is False
+    assert asked[0]["max_tokens"] < ANSWER
+    last = asked[0]["messages"][-1]
+    partial = last["content"]
+    assert last["role"] == "assistant" and len(partial) >= len("".join(texts[:KILL_AFTER]))
+    assert text.startswith(partial) and len(text) > len(partial)
+    assert any(p.endswith("<|im_start|>assistant\n" + partial) for p in prompts(survivor))
