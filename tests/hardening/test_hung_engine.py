@@ -68,6 +68,28 @@ def test_a_hung_engine_costs_one_read_timeout_and_the_504_says_what_took_it(
     assert "counting by estimate for the next" in proxy.logs()
 
 
+def test_a_slow_count_leaves_the_answer_only_what_is_left_of_the_read_timeout(
+    proxy_server: StartProxy, bad_upstream: BadUpstream
+) -> None:
+    """``/tokenize`` answers, slowly (1.2 s of the 2 s read timeout); the engine then
+    never answers the chat request. Its 504 comes when the one read timeout is spent
+    in all, and says that the count took part of it."""
+    proxy = proxy_server(
+        upstream=bad_upstream.url,
+        tokenizer="upstream",
+        context_window=4096,
+        read_timeout=2,
+        upstream_metrics_interval=0,
+    )
+    bad_upstream.behave("ok", path="/tokenize", delay=1.2)
+    bad_upstream.behave("hang", path=CHAT)
+    answer = request(proxy.url, "POST", CHAT, HELLO)
+    assert answer.status == 504, answer.body
+    message = answer.json()["error"]["message"]
+    assert "within 2 s (TRIMPROXY_READ_TIMEOUT), counting the prompt included" in message
+    assert fallbacks(proxy, "timeout") == 0  # the count itself was exact
+
+
 def test_thousands_of_new_messages_cost_a_bounded_number_of_tokenize_calls(
     proxy_server: StartProxy, sim_upstream_factory: StartSim
 ) -> None:

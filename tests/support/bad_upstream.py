@@ -16,7 +16,8 @@ Run in a daemon thread with its own event loop::
 Behaviours (``behave(name, path=None, **options)``):
 
 * ``ok``: a small vLLM-style chat completion (``/v1/models`` lists ``model``;
-  ``/tokenize`` answers a count, an eighth of the body's bytes).
+  ``/tokenize`` answers a count, an eighth of the body's bytes); after ``delay``
+  seconds (default none).
 * ``status``: ``status`` (600, 999, ...) with a small JSON body.
 * ``bad_header``: 200 with a header whose value is UTF-8, not Latin-1.
 * ``cut_length``: declares ``size`` bytes (default 2 MiB) of JSON, sends ``sent``
@@ -194,6 +195,7 @@ class BadUpstream(Stack):
         """Write the answer; True when the connection may serve another request."""
         opts = rule.options
         if rule.name in ("ok", "close_reused"):
+            await asyncio.sleep(float(opts.get("delay", 0)))
             if request.path.startswith("/v1/models"):
                 body = models_body(self.model)
             elif request.path.startswith("/tokenize"):
