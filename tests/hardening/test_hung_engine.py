@@ -10,6 +10,7 @@ thousands of ``/tokenize`` calls at the engine: a count makes ``MAX_CALLS`` at m
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable
 
 import pytest
@@ -66,6 +67,25 @@ def test_a_hung_engine_costs_one_read_timeout_and_the_504_says_what_took_it(
     assert bad_upstream.paths().count(CHAT) == 1
     assert fallbacks(proxy, "timeout") == 2
     assert "counting by estimate for the next" in proxy.logs()
+
+
+def test_a_stopped_engine_process_costs_one_read_timeout(
+    proxy_server: StartProxy, sim_process: SimUpstream
+) -> None:
+    """The operator's probe: a real engine process, SIGSTOPped. Its 504 says that the
+    count with its /tokenize took the read timeout, and nothing more was waited for."""
+    proxy = proxy_server(
+        upstream=sim_process, tokenizer="upstream", read_timeout=2, upstream_metrics_interval=0
+    )
+    sim_process.process.send_signal(signal.SIGSTOP)
+    try:
+        answer = request(proxy.url, "POST", CHAT, {**HELLO, "model": "sim-model"})
+    finally:
+        sim_process.process.send_signal(signal.SIGCONT)
+    assert answer.status == 504, answer.body
+    message = answer.json()["error"]["message"]
+    assert "within 2 s (TRIMPROXY_READ_TIMEOUT), counting the prompt included" in message
+    assert fallbacks(proxy, "timeout") == 1
 
 
 def test_a_slow_count_leaves_the_answer_only_what_is_left_of_the_read_timeout(
