@@ -11,6 +11,7 @@ from fastapi import FastAPI
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import Message, Receive, Scope, Send
 
 import proxy
 from proxy.chains.keeper import Keeper, build_keeper
@@ -21,12 +22,13 @@ from proxy.fleet import Fleet, Gates
 from proxy.logs import setup_logging
 from proxy.metrics import Metrics
 from proxy.middleware import Accounting, ApiKeys, InFlightLimit
-from proxy.models import ModelRoute, ModelRoutes, build_routes, load_models
+from proxy.models import ModelRoute, ModelRoutes, ModelsFileError, build_routes, load_models
 from proxy.openapi import DESCRIPTION
 from proxy.relay import RelayAborted, quiet_relay_aborts
 from proxy.routes import ChatRoute, error_response, routes
 from proxy.sessions.gate import Sessions, build_sessions
 from proxy.settings import Settings
+from proxy.tokens.errors import ConfigError
 from proxy.types import JSON_MEDIA_TYPE
 
 log = logging.getLogger("trimproxy")
@@ -47,7 +49,11 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         fleet = Fleet(metrics)
-        table, sessions = await _build(settings, metrics, fleet)
+        try:
+            table, sessions = await _build(settings, metrics, fleet)
+        except (ConfigError, ModelsFileError) as exc:
+            app.state.refused = str(exc)  # one line: refused_in_one_line
+            raise
         for upstream in table.upstreams:
             await upstream.start_discovery()  # dns+http:// upstreams: their engines now
         # Each engine's scraper; each upstream's health prober.
@@ -79,6 +85,7 @@ def create_app(
         # cost on every request (docs/performance.md §6).
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )
+    refused_in_one_line(app)
     app.router.routes.extend([*dialect_routes(), *routes()])
     app.add_exception_handler(ProxyError, _proxy_error)
     app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
@@ -110,9 +117,22 @@ async def _build(
     def count_upstream_error(kind: str) -> None:
         metrics.upstream_errors.labels(kind).inc()
 
+    def count_retry(reason: str) -> None:
+        metrics.upstream_retries.labels(reason).inc()
+
+    def count_fallback(reason: str) -> None:
+        metrics.token_count_fallbacks.labels(reason).inc()
+
     try:
         models = load_models(settings)
-        table = await build_routes(settings, models, count_upstream_error, fleet.factory)
+        table = await build_routes(
+            settings,
+            models,
+            count_upstream_error,
+            fleet.factory,
+            on_retry=count_retry,
+            on_fallback=count_fallback,
+        )
     except BaseException:
         await fleet.aclose()
         raise
@@ -125,6 +145,26 @@ async def _build(
         await table.aclose()
         raise
     return table, sessions
+
+
+def refused_in_one_line(app: FastAPI) -> None:
+    """A setting that the lifespan finds unusable though the start-up checks passed
+    it (a tokenizer that fails only once loaded, an upstream that refuses ``/tokenize``
+    only now) ends start-up with its one line, ``app.state.refused``: the server logs
+    what the lifespan's failure says, which Starlette makes the whole traceback.
+    ``trimproxy serve`` then exits 2 with that line, as for any bad setting."""
+    lifespan = app.router.lifespan
+
+    async def one_line(scope: Scope, receive: Receive, send: Send) -> None:
+        async def sending(message: Message) -> None:
+            refused = getattr(app.state, "refused", None)
+            if message["type"] == "lifespan.startup.failed" and refused:
+                message = {**message, "message": refused}
+            await send(message)
+
+        await lifespan(scope, receive, sending)
+
+    app.router.lifespan = one_line  # type: ignore[method-assign]
 
 
 def settle_heap() -> None:

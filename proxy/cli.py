@@ -291,7 +291,16 @@ def serve(args: argparse.Namespace) -> int:
         if settings.workers == 1:
             from proxy.app import create_app
 
-            _run_uvicorn(settings, create_app(settings, serving=True))
+            app = create_app(settings, serving=True)
+            try:
+                _run_uvicorn(settings, app)
+            except SystemExit:
+                refused = getattr(app.state, "refused", None)
+                if refused is None:
+                    raise
+                # A setting only the lifespan could find unusable: one line, exit 2.
+                print(f"trimproxy: {refused}", file=sys.stderr)
+                return 2
             return 0
         # Several workers: each builds its app from the environment, so the flags
         # travel there.

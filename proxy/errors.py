@@ -208,6 +208,17 @@ class NoEngineAvailable(ProxyError):
     code = "no_engine_available"
 
 
+def no_engine_available(engines: int, where: str, interval: float) -> NoEngineAvailable:
+    """The 503 for a request none of whose ``engines`` (of ``where``, the setting) is
+    up; ``Retry-After`` is the health probe's interval, 1 to 30 s."""
+    return NoEngineAvailable(
+        f"None of the {engines} engines of {where} is up (each failed to connect or its "
+        f"health probe); they are probed every {interval:g} s at most "
+        "(TRIMPROXY_HEALTH_INTERVAL). Retry shortly.",
+        headers={"retry-after": str(max(1, min(30, round(interval))))},
+    )
+
+
 class UpstreamProtocolError(ProxyError):
     """The upstream was reached but its answer was not valid HTTP the proxy can relay:
     a status outside 100-599, a header that is not Latin-1, a body cut off."""
@@ -269,10 +280,38 @@ def upstream_failure(
         )
     if kind == "protocol":
         return protocol_error(upstream_url, "an answer that is not valid HTTP")
+    if kind == "disconnected":
+        return closed_before_answer(upstream_url)
     return UpstreamUnavailable(
         f"The upstream at {upstream_url} could not be reached. Check that the model "
         "server is running and that TRIMPROXY_UPSTREAM_URL points at it.",
         kind=kind,
+    )
+
+
+def closed_before_answer(upstream_url: str, then: str | None = None) -> UpstreamUnavailable:
+    """The 502 for an upstream that took the request and closed the connection before
+    any of its answer came (it exited, restarted or dropped the connection while
+    answering); ``then``: what the one retry on a fresh connection met."""
+    after = f", {then}" if then else ""
+    return UpstreamUnavailable(
+        f"The upstream at {upstream_url} closed the connection mid-answer, before any of "
+        f"its answer came{after}. The model server may have exited or restarted while "
+        "answering: check its logs, and retry.",
+        kind="disconnected",
+    )
+
+
+def deadline_passed(upstream_url: str, timeout: float, spent: float) -> UpstreamTimeout:
+    """The 504 for a request whose counting and answer together outlasted the read
+    timeout: the two share one deadline (docs/architecture.md §20)."""
+    return UpstreamTimeout(
+        f"The upstream at {upstream_url} did not answer within {timeout:g} s "
+        f"(TRIMPROXY_READ_TIMEOUT), counting the prompt included: preparing the request "
+        f"(its token count, with the upstream's POST /tokenize where that is the counter) "
+        f"took {spent:.1f} s of it, and the answer did not start in the rest. Retry later; "
+        "if it keeps happening, the model server is overloaded or stuck.",
+        kind="timeout",
     )
 
 
@@ -311,8 +350,8 @@ def upstream_error_kind(exc: BaseException) -> str:
         return "timeout"
     if isinstance(exc, aiohttp.ClientConnectorError):
         return "connect"
-    if isinstance(exc, aiohttp.ServerDisconnectedError):
-        return "disconnected"
+    if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)):
+        return "disconnected"  # a reset or a close: the connection was open
     if isinstance(exc, (aiohttp.ClientPayloadError, aiohttp.ClientResponseError)):
         # A body cut short, a malformed status line or header: the server answered,
         # but not in HTTP.

@@ -38,7 +38,7 @@ from proxy.metrics import OTHER_MODEL, Metrics
 from proxy.prepare import Prepared
 from proxy.relay import ChunkHook, FailureMap
 from proxy.tokens import estimate_error
-from proxy.upstream import connection_failed
+from proxy.upstream import unanswered
 from proxy.upstream.failover import failover
 
 _CHAT_PATH = "/v1/chat/completions"
@@ -138,7 +138,7 @@ async def forward(
         facts.engine = lone.label
         started = time.perf_counter()
         response = await transport.send(
-            lone, out.method, out.path, out.headers, out.body, client_gone
+            lone, out.method, out.path, out.headers, out.body, client_gone, prepared.counted_in
         )
         return Sent(
             response, prepared.headers, transport.failure, None, None, None, None,
@@ -176,8 +176,10 @@ async def _send_routed(
         started = time.perf_counter()
         try:
             response = await transport.send(
-                engine, out.method, out.path, out.headers, body, client_gone
-            )
+                engine, out.method, out.path, out.headers, body, client_gone,
+                # A continuation's count was long ago: its read timeout is whole.
+                prepared.counted_in if body is out.body else 0.0,
+            )  # fmt: skip
         except BaseException:
             engine.in_flight -= 1
             if reservation is not None:
@@ -199,7 +201,7 @@ async def _send_routed(
         return sent
 
     order = upstream.order(key)
-    sent, engine = await failover(order, attempt, connection_failed)
+    sent, engine = await failover(order, attempt, unanswered)
     if engine is not order[0]:
         upstream.router.retried(key, engine)
     if _continuable(svc, out, prepared, sent):

@@ -211,6 +211,20 @@ class Metrics:
             ["kind"],
             registry=r,
         )
+        self.upstream_retries = Counter(
+            "trimproxy_upstream_retries",
+            "Requests sent once more on a fresh connection, by reason (disconnected: the "
+            "engine closed the connection before any of the answer came).",
+            ["reason"],
+            registry=r,
+        )
+        self.token_count_fallbacks = Counter(
+            "trimproxy_token_count_fallbacks",
+            "Prompts (or parts of them) the upstream /tokenize counter left to the local "
+            "estimate, by reason (bound, error, timeout).",
+            ["reason"],
+            registry=r,
+        )
         self.estimate_error = histogram_family(
             plain,
             "trimproxy_token_estimate_error_tokens",

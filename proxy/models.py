@@ -33,7 +33,7 @@ from proxy.engines.engine import Engine
 from proxy.engines.pool import EngineFactory
 from proxy.settings import ENV_PREFIX, Settings, whole_error
 from proxy.tokens import build_counter
-from proxy.tokens.counter import TokenCounter
+from proxy.tokens.counter import FallbackHook, TokenCounter
 from proxy.upstream import ContextWindows, ErrorHook, Upstream
 
 log = logging.getLogger("trimproxy.models")
@@ -163,10 +163,14 @@ async def build_routes(
     models: Sequence[ModelSettings],
     on_error: ErrorHook | None = None,
     engines: Callable[[Settings], EngineFactory] | None = None,
+    on_retry: ErrorHook | None = None,
+    on_fallback: FallbackHook | None = None,
 ) -> ModelRoutes:
     """Upstreams and counters for the top level and each model, shared where equal;
     ``on_error`` counts every upstream's failures (``Upstream``); ``engines`` gives the
-    factory of an upstream's engines (``proxy.fleet``), plain ``Engine`` without.
+    factory of an upstream's engines (``proxy.fleet``), plain ``Engine`` without;
+    ``on_retry`` and ``on_fallback`` count the transport's retries and what the
+    counters left to the estimate.
 
     On failure everything built so far is closed before the error goes up.
     """
@@ -179,14 +183,16 @@ async def build_routes(
         upstream = upstreams.get(ukey)
         if upstream is None:
             factory = engines(s) if engines is not None else Engine
-            upstream = upstreams[ukey] = Upstream(s, on_error=on_error, engine_factory=factory)
+            upstream = upstreams[ukey] = Upstream(
+                s, on_error=on_error, on_retry=on_retry, engine_factory=factory
+            )
             windows[ukey] = ContextWindows(upstream, s)
         # hf: and tiktoken: count the same whichever upstream serves the model.
         asks_upstream = s.tokenizer in ("auto", "upstream")
         ckey = (s.tokenizer, ukey if asks_upstream else None)
         counter = counters.get(ckey)
         if counter is None:
-            counter = counters[ckey] = await build_counter(s, upstream)
+            counter = counters[ckey] = await build_counter(s, upstream, on_fallback)
         return ModelRoute(name, s, upstream, windows[ukey], counter)
 
     try:

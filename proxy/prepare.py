@@ -11,6 +11,7 @@ HTTP is spoken here: tests call it directly with an in-memory counter.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -72,6 +73,9 @@ class Prepared:
     limits or session routing need it; None otherwise."""
     request: ChatRequest | None = None
     """The parsed request it was prepared from (the forward step reads its stream flags)."""
+    counted_in: float = 0.0
+    """Seconds the count and the recounts took (the engine's ``/tokenize``, where it counts):
+    the forward's wait for the answer gets what is left of the read timeout."""
 
     @property
     def endpoint(self) -> Endpoint:
@@ -333,7 +337,9 @@ async def prepare(
     budget = None if limit is None else limit.budget
     if limit is not None and (floor := floor_if_surely_too_long(svc, chat.messages, budget, raw)):
         raise context_length_exceeded(floor, limit, at_least=True)
+    began = time.monotonic()
     count = await svc.counter.count(chat.messages, tools=chat.tools, model=chat.model)
+    counted_in = time.monotonic() - began
     metrics = await model_series(svc, chat.model)
     metrics.prompt_received.observe(count.total)
     facts.prompt_tokens_received = count.total
@@ -344,9 +350,11 @@ async def prepare(
         forwarded = result.tokens
         if not svc.counter.additive:
             recount = chat_recount(svc, chat)
+            began = time.monotonic()
             result, forwarded = await prove_fits(
                 chat.messages, recount, count, policy, history_start, result
             )
+            counted_in += time.monotonic() - began
         dropped = result.dropped(len(chat.messages))
         if dropped:
             reason = result.reason or "budget"
@@ -369,4 +377,5 @@ async def prepare(
         series=metrics,
         session_key=ident.key if ident is not None else None,
         request=chat,
+        counted_in=counted_in,
     )

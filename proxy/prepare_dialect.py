@@ -10,6 +10,7 @@ every kept item the client's own object.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -112,7 +113,9 @@ async def prepare_conversation(
     messages, owner = w.to_chat(conv, range(len(conv.items)))
     if limit is not None and (floor := floor_if_surely_too_long(svc, messages, budget, raw)):
         raise context_length_exceeded(floor, limit, at_least=True)
+    began = time.monotonic()
     count = await _per_item(svc, w, conv, messages, owner)
+    counted_in = time.monotonic() - began
     metrics = await model_series(svc, conv.model, w.endpoint)
     metrics.prompt_received.observe(count.total)
     facts.prompt_tokens_received = count.total
@@ -122,9 +125,11 @@ async def prepare_conversation(
         policy, result = trim_to(svc.settings, conv.roles, count, limit, history_start)
         if not svc.counter.additive:
             recount = _recount(svc, w, conv)
+            began = time.monotonic()
             result, tokens = await prove_fits(
                 conv.roles, recount, count, policy, history_start, result
             )
+            counted_in += time.monotonic() - began
             result = replace(result, tokens=tokens)
     dropped = result.dropped(len(conv.items))
     reason = (result.reason or "budget") if dropped else None
@@ -137,6 +142,7 @@ async def prepare_conversation(
         dropped=dropped, trim_reason=reason, budget=budget, headers=out,
         session_id=facts.session_id, reserve=allowance.tokens, allowance=allowance,
         series=metrics, session_key=ident.key if ident else None,
+        counted_in=counted_in,
     )  # fmt: skip
 
 

@@ -27,6 +27,7 @@ from proxy.errors import (
     ProxyError,
     RequestTimeout,
     RequestTooLarge,
+    no_engine_available,
 )
 from proxy.forward import Outgoing, forward
 from proxy.logs import request_facts
@@ -36,7 +37,7 @@ from proxy.openapi import CHAT_BODY, CHAT_RESPONSES, HealthBody, ReadinessBody
 from proxy.prepare import prepare
 from proxy.relay import STREAM_WATCH_DELAY, WATCH_DELAY, Relay, watch_disconnect
 from proxy.types import JSON_MEDIA_TYPE
-from proxy.upstream import Readiness, Upstream
+from proxy.upstream import Readiness, Upstream, unanswered
 from proxy.upstream.readiness import ready as upstream_ready
 
 CHAT_PATH = "/v1/chat/completions"
@@ -206,7 +207,8 @@ def _model_of(body: bytes) -> str | None:
 async def union_of_models(request: Request, svc: Services) -> Response:
     """``GET /v1/models`` with several upstreams (``TRIMPROXY_MODELS_FILE``): every
     upstream's list in one (an id listed twice is the first upstream's). An upstream
-    that fails is left out; when all fail, the first one's answer is relayed."""
+    that fails is left out; when all fail, the first one's answer is relayed, or, when
+    none of the engines could be reached, 503 ``no_engine_available`` as for chat."""
 
     async def ask(upstream: Upstream, engine: Engine) -> tuple[int, bytes, str]:
         headers = upstream.transport.request_headers(request.scope["headers"])
@@ -222,6 +224,9 @@ async def union_of_models(request: Request, svc: Services) -> Response:
     merged = union_models(good)
     if merged is not None:
         return Response(merged, media_type=JSON_MEDIA_TYPE)
+    if all(isinstance(a, BaseException) and unanswered(a) for a in answers):
+        where = ", ".join(u.base_url for u in svc.upstreams)
+        raise no_engine_available(len(asked), where, svc.settings.health_interval)
     first = answers[0]
     if isinstance(first, BaseException):
         raise first
@@ -249,6 +254,10 @@ async def readyz(request: Request) -> Response:
             "(TRIMPROXY_READY_TIMEOUT)",
         )
     ready = readiness.ready or not settings.ready_requires_upstream
+    detail = readiness.detail
+    refused = await store_refuses(svc)
+    if refused is not None:
+        ready, detail = False, f"{refused}; {detail}"
     return JSONResponse(
         {
             "status": "ready" if ready else "not ready",
@@ -256,9 +265,22 @@ async def readyz(request: Request) -> Response:
             "upstream_ready": readiness.ready,
             "engines": readiness.engines,
             "engines_up": readiness.engines_up,
-            "detail": readiness.detail,
+            "detail": detail,
         },
         status_code=200 if ready else 503,
+    )
+
+
+async def store_refuses(svc: Services) -> str | None:
+    """Why every chat request would be refused now, when the session store is down
+    and ``TRIMPROXY_SESSION_STORE_FAILURE=closed`` refuses what it cannot check; None
+    otherwise (``open`` serves without the store, and stays ready)."""
+    sessions = svc.sessions
+    if sessions is None or sessions.failure != "closed" or await sessions.store.ping():
+        return None
+    return (
+        f"the session store ({sessions.store.name}, TRIMPROXY_REDIS_URL) does not answer, "
+        "and TRIMPROXY_SESSION_STORE_FAILURE=closed refuses every request it cannot check"
     )
 
 

@@ -171,6 +171,9 @@ class RedisStore:
                 await self.client.ping()
         except (RedisError, OSError, TimeoutError):
             return False
+        # Answered: requests ask it again now, not after the outage's retry interval,
+        # so that a /readyz that says ready is what the next request meets.
+        self.outage.recovered(self.clock())
         return True
 
     async def aclose(self) -> None:

@@ -13,7 +13,7 @@ from proxy.logs import adopt_transformers_logging
 from proxy.settings import Settings
 from proxy.tokens.approx import ApproxCounter
 from proxy.tokens.auto import AutoCounter, resolve_auto
-from proxy.tokens.counter import TokenCounter
+from proxy.tokens.counter import FallbackHook, TokenCounter
 from proxy.tokens.discover import served_names
 from proxy.tokens.errors import ConfigError
 from proxy.tokens.usage import estimate_error
@@ -24,12 +24,15 @@ __all__ = ["ApproxCounter", "ConfigError", "TokenCounter", "build_counter", "est
 log = logging.getLogger("trimproxy.tokens")
 
 
-async def build_counter(settings: Settings, upstream: Upstream) -> TokenCounter:
+async def build_counter(
+    settings: Settings, upstream: Upstream, on_fallback: FallbackHook | None = None
+) -> TokenCounter:
     """Build the configured counter once, at start-up; a backend that cannot load
     fails here with a ``ConfigError`` that says how to fix it, not on the first request.
 
     ``upstream`` is the app's one upstream client: ``auto`` and ``upstream`` ask it
-    (``/v1/models``, ``/tokenize``) with its key and timeouts."""
+    (``/v1/models``, ``/tokenize``) with its key and timeouts. ``on_fallback``: counts
+    what the ``/tokenize`` counter leaves to the estimate, by reason."""
     kind, _, arg = settings.tokenizer.partition(":")
     if kind == "approx":
         return ApproxCounter()
@@ -46,11 +49,12 @@ async def build_counter(settings: Settings, upstream: Upstream) -> TokenCounter:
         from proxy.tokens.vllm import VllmCounter
 
         names = await served_names(upstream)
-        counter = VllmCounter(upstream, default_model=names[-1] if names else None)
+        model = names[-1] if names else None
+        counter = VllmCounter(upstream, default_model=model, on_fallback=on_fallback)
         await counter.check()
         return counter
     if kind == "auto":
-        picked, final = await resolve_auto(upstream)
+        picked, final = await resolve_auto(upstream, on_fallback)
         # Started before its upstream: resolved again once the upstream answers.
-        return picked if final else AutoCounter(upstream, picked)
+        return picked if final else AutoCounter(upstream, picked, on_fallback=on_fallback)
     raise ConfigError(f"TRIMPROXY_TOKENIZER={settings.tokenizer}: unknown tokenizer kind")

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from proxy.logs import adopt_transformers_logging
 from proxy.tokens.approx import ApproxCounter
-from proxy.tokens.counter import TokenCounter
+from proxy.tokens.counter import FallbackHook, TokenCounter
 from proxy.tokens.discover import local_tokenizer, served_names
 from proxy.tokens.errors import ConfigError
 from proxy.types import JSONObject, Message, PromptCount
@@ -28,7 +28,9 @@ from proxy.upstream import Upstream, UpstreamCallFailed
 log = logging.getLogger("trimproxy.tokens")
 
 
-async def resolve_auto(upstream: Upstream) -> tuple[TokenCounter, bool]:
+async def resolve_auto(
+    upstream: Upstream, on_fallback: FallbackHook | None = None
+) -> tuple[TokenCounter, bool]:
     """The counter ``auto`` picks now, and whether that is final: False when it fell
     back to ``approx`` only because the upstream could not be reached."""
     from proxy.tokens.vllm import VllmCounter
@@ -48,7 +50,7 @@ async def resolve_auto(upstream: Upstream) -> tuple[TokenCounter, bool]:
             log.info("auto: counting with the served model's tokenizer at %s", path)
             return counter, True
     model = names[-1] if names else None
-    vllm = VllmCounter(upstream, default_model=model)
+    vllm = VllmCounter(upstream, default_model=model, on_fallback=on_fallback)
     try:
         await vllm.tokenize([{"role": "user", "content": "a"}], model)
     except UpstreamCallFailed as exc:
@@ -82,9 +84,15 @@ class AutoCounter:
     """``auto`` while its upstream is still down: ``approx`` until it answers."""
 
     def __init__(
-        self, upstream: Upstream, current: TokenCounter, *, retry_after: float = 2.0
+        self,
+        upstream: Upstream,
+        current: TokenCounter,
+        *,
+        retry_after: float = 2.0,
+        on_fallback: FallbackHook | None = None,
     ) -> None:
         self._upstream = upstream
+        self._on_fallback = on_fallback
         self._current = current
         self.name = current.name
         self.exact = current.exact
@@ -117,7 +125,7 @@ class AutoCounter:
 
     async def _resolve(self) -> None:
         try:
-            counter, final = await resolve_auto(self._upstream)
+            counter, final = await resolve_auto(self._upstream, self._on_fallback)
         except Exception:  # a tokenizer that fails to load: keep approx, try again later
             log.exception("auto: resolving the tokenizer again failed")
             counter, final = ApproxCounter(), False

@@ -6,10 +6,14 @@ request path only ever sees ``TokenCounter`` and the ``PromptCount`` it returns.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
 from proxy.types import JSONObject, Message, PromptCount
+
+#: Told why a count (or part of one) was left to the local estimate: ``bound``,
+#: ``error`` or ``timeout`` (``trimproxy_token_count_fallbacks_total{reason}``).
+FallbackHook = Callable[[str], None]
 
 
 @runtime_checkable

@@ -18,6 +18,18 @@ split costs round trips, so it is built from what can be cached:
 the total is ``overhead``. When a template will not render a message alone (strict
 role alternation), that message gets a local estimate. FastChat has no such
 endpoint (see docs/tokenizers.md).
+
+What one count may cost the engine is bounded (docs/tokenizers.md): ``MAX_CALLS``
+calls at most, whatever the request holds. The total is always asked (one call,
+exact); a request with more than ``NEW_MESSAGES`` messages not seen before asks
+none of them alone, and its split is the local estimate scaled into that exact
+total (``trimproxy_token_count_fallbacks_total{reason="bound"}``), as is that of
+the messages of a role past ``NEW_ROLES`` new ones. And a count shares the read
+timeout: its calls together get ``TRIMPROXY_READ_TIMEOUT`` at most, after which the
+request is counted by the estimate (``reason="timeout"``), and so is every count for
+``REST`` seconds after, so a hung engine costs a request one read timeout, not one
+for its count and one more for its answer (the forward gets what is left of it:
+``proxy.upstream.Transport.send``).
 """
 
 from __future__ import annotations
@@ -25,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,6 +45,7 @@ import orjson
 
 from proxy.tokens.approx import ApproxCounter, estimate_message
 from proxy.tokens.cache import ByteLRU
+from proxy.tokens.counter import FallbackHook
 from proxy.tokens.errors import ConfigError
 from proxy.tokens.shares import fit_counts
 from proxy.types import JSONObject, Message, PromptCount
@@ -40,6 +54,19 @@ from proxy.upstream import Tokenized, Upstream, UpstreamCallFailed
 log = logging.getLogger("trimproxy.tokens")
 
 _PROBE_A = {"role": "user", "content": "a"}
+#: A count asks the messages it has not seen before one by one only when there are
+#: at most this many; with more, none (the total is still exact: docs/tokenizers.md).
+NEW_MESSAGES = 16
+#: Roles not seen before whose constant one count learns; others' messages estimated.
+NEW_ROLES = 4
+#: The most calls learning one role's constant can take: three for the role, three
+#: more for ``user``'s when the template refuses the role twice in a row.
+_ROLE_CALLS = 6
+#: The most ``/tokenize`` calls one count makes, whatever the request holds.
+MAX_CALLS = 1 + NEW_MESSAGES + NEW_ROLES * _ROLE_CALLS
+#: Seconds after a count that timed out during which counts go to the estimate
+#: without asking (an engine that hangs is not asked again by every request).
+REST = 5.0
 
 
 def _refused(exc: UpstreamCallFailed) -> bool:
@@ -75,8 +102,14 @@ class VllmCounter:
         default_model: str | None = None,
         concurrency: int = 8,
         cache_bytes: int = 8 * 1024 * 1024,
+        on_fallback: FallbackHook | None = None,
     ) -> None:
+        """``on_fallback``: counts what went to the estimate, by reason
+        (``trimproxy_token_count_fallbacks_total``)."""
         self._upstream = upstream
+        self._on_fallback = on_fallback
+        self._time_limit = upstream.transport.read_timeout
+        self._rest_until = 0.0
         self._model = default_model
         self._slots = asyncio.Semaphore(concurrency)
         #: The context length the last /tokenize answer reported (vLLM's max_model_len).
@@ -131,8 +164,10 @@ class VllmCounter:
                     "upstream not reachable at start-up; /tokenize will be tried per request"
                 )
 
-    async def _lone_count(self, message: Message, model: str | None) -> int | None:
-        key = _digest(model, message)
+    async def _lone_count(
+        self, message: Message, model: str | None, key: bytes | None = None
+    ) -> int | None:
+        key = key or _digest(model, message)
         known = self._lone.get(key)
         if known is not None:
             return known
@@ -192,23 +227,70 @@ class VllmCounter:
         model: str | None = None,
     ) -> PromptCount:
         model = model or self._model
-        roles = sorted({str(m.get("role")) for m in messages})
+        now = time.monotonic()
+        if now < self._rest_until:
+            return await self._estimate("timeout", messages, tools)
         try:
-            total, constants, lone = await asyncio.gather(
-                self._total(messages, tools, model),
-                asyncio.gather(*(self._constant_for(model, role) for role in roles)),
-                asyncio.gather(*(self._lone_count(m, model) for m in messages)),
-            )
+            async with asyncio.timeout(self._time_limit):
+                return await self._exact(messages, tools, model)
+        except TimeoutError:
+            why = "timeout"
         except UpstreamCallFailed as exc:
-            log.warning(
-                "upstream /tokenize failed (%s); counting this request by estimate", exc.reason
-            )
-            return await self._fallback.count(messages, tools=tools)
-        constant = dict(zip(roles, constants, strict=True))
-        per = [
-            estimate_message(m) if n is None else max(0, n - constant[str(m.get("role"))])
-            for m, n in zip(messages, lone, strict=True)
-        ]
+            timed_out = exc.status is None and "Timeout" in exc.reason
+            why = "timeout" if timed_out else "error"
+            if not timed_out:
+                log.warning(
+                    "upstream /tokenize failed (%s); counting this request by estimate",
+                    exc.reason,
+                )
+        if why == "timeout":
+            if self._rest_until < now:
+                log.warning(
+                    "upstream /tokenize gave no answer within %g s (TRIMPROXY_READ_TIMEOUT); "
+                    "counting by estimate for the next %g s",
+                    self._time_limit,
+                    REST,
+                )
+            self._rest_until = time.monotonic() + REST
+        return await self._estimate(why, messages, tools)
+
+    async def _estimate(
+        self, why: str, messages: Sequence[Message], tools: Sequence[JSONObject] | None
+    ) -> PromptCount:
+        if self._on_fallback is not None:
+            self._on_fallback(why)
+        return await self._fallback.count(messages, tools=tools)
+
+    async def _exact(
+        self, messages: Sequence[Message], tools: Sequence[JSONObject] | None, model: str | None
+    ) -> PromptCount:
+        """The exact total and the split, in at most ``MAX_CALLS`` calls: up to
+        ``NEW_ROLES`` roles not seen before, and the messages not seen before when
+        there are at most ``NEW_MESSAGES`` of them; the rest of the split estimated."""
+        roles = sorted({str(m.get("role")) for m in messages})
+        known = [r for r in roles if (model, r) in self._constant]
+        asked_roles = known + [r for r in roles if (model, r) not in self._constant][:NEW_ROLES]
+        keys = [_digest(model, m) for m in messages]
+        unseen = {k: m for k, m in zip(keys, messages, strict=True) if self._lone.get(k) is None}
+        bounded = len(asked_roles) < len(roles) or len(unseen) > NEW_MESSAGES
+        wanted = unseen if len(unseen) <= NEW_MESSAGES else {}
+        total, constants, lone = await asyncio.gather(
+            self._total(messages, tools, model),
+            asyncio.gather(*(self._constant_for(model, role) for role in asked_roles)),
+            asyncio.gather(*(self._lone_count(m, model, key) for key, m in wanted.items())),
+        )
+        if bounded and self._on_fallback is not None:
+            self._on_fallback("bound")
+        constant = dict(zip(asked_roles, constants, strict=True))
+        asked = dict(zip(wanted, lone, strict=True))
+        per: list[int] = []
+        for m, key in zip(messages, keys, strict=True):
+            role = str(m.get("role"))
+            n = asked[key] if key in asked else self._lone.get(key)
+            if role not in constant or n is None:
+                per.append(estimate_message(m))
+            else:
+                per.append(max(0, n - constant[role]))
         parts, overhead = fit_counts(per, total)
         return PromptCount(parts, overhead)
 

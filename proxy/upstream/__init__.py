@@ -7,8 +7,10 @@ from proxy.upstream.calls import (
     Tokenized,
     UpstreamCallFailed,
     connection_failed,
+    dropped,
     invalid_head,
     parse_models,
+    unanswered,
 )
 from proxy.upstream.client import Upstream
 from proxy.upstream.transport import IDLE_KEEPALIVE, ErrorHook, Transport
@@ -24,6 +26,8 @@ __all__ = [
     "Upstream",
     "UpstreamCallFailed",
     "connection_failed",
+    "dropped",
     "invalid_head",
     "parse_models",
+    "unanswered",
 ]

@@ -93,6 +93,23 @@ def connection_failed(exc: BaseException) -> bool:
     return isinstance(cause, (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError))
 
 
+def dropped(exc: BaseException) -> bool:
+    """Whether a request failed on an open connection before any of its answer came:
+    the engine closed or reset it (an idle kept-alive connection it was just closing,
+    or an engine that exited while answering)."""
+    cause = exc.__cause__ if isinstance(exc, ProxyError) else exc
+    return isinstance(
+        cause, (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+    ) and not isinstance(cause, aiohttp.ClientConnectorError)
+
+
+def unanswered(exc: BaseException) -> bool:
+    """Whether nothing of the answer came from the engine: the connection failed
+    (``connection_failed``) or was closed before the answer's head (``dropped``).
+    Nothing was relayed, so the request may go to another engine."""
+    return connection_failed(exc) or dropped(exc)
+
+
 def call_unreached(exc: BaseException) -> bool:
     """Whether one of the proxy's own calls got no answer at all (the next engine may
     have one); an engine that answered with an error status would answer the same."""

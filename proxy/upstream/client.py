@@ -24,14 +24,14 @@ from proxy.engines.holdings import MemoryHoldings
 from proxy.engines.pool import EngineFactory, EngineList, StaticEngines
 from proxy.engines.routing import Router
 from proxy.engines.served import ServedModel, merge_served
-from proxy.errors import NoEngineAvailable
+from proxy.errors import NoEngineAvailable, no_engine_available
 from proxy.settings import Settings
 from proxy.upstream.calls import (
     Tokenized,
     UpstreamCallFailed,
     call_unreached,
-    connection_failed,
     parse_models,
+    unanswered,
 )
 from proxy.upstream.failover import failover
 from proxy.upstream.flight import Flight
@@ -50,11 +50,14 @@ class Upstream:
         *,
         engines: EngineList | None = None,
         on_error: ErrorHook | None = None,
+        on_retry: ErrorHook | None = None,
         engine_factory: EngineFactory = Engine,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``on_error``: counts the failures of forwarded requests
-        (``trimproxy_upstream_errors_total{kind}``); ``engine_factory``: builds each
+        (``trimproxy_upstream_errors_total{kind}``); ``on_retry``: counts the requests
+        sent once more on a fresh connection (``trimproxy_upstream_retries_total``);
+        ``engine_factory``: builds each
         engine with its hooks (``proxy.fleet``); ``clock``: when the cached list of
         served models and its backoff run out (tests)."""
         self.base_url = settings.upstream_url
@@ -78,7 +81,7 @@ class Upstream:
         holdings = MemoryHoldings(settings.routing_session_idle, settings.session_max_entries)
         self.router = Router(settings.routing, settings.routing_load_factor, holdings)
         self.health_interval = settings.health_interval
-        self.transport = Transport(settings, on_error=on_error, lone=self.lone)
+        self.transport = Transport(settings, on_error=on_error, lone=self.lone, on_retry=on_retry)
         self._said: set[tuple[str, str]] = set()
         self._models_ttl = settings.models_refresh
         self._models_retry = settings.models_retry
@@ -99,12 +102,7 @@ class Upstream:
             every = self.engines.all()
             if len(every) == 1:
                 return every
-            raise NoEngineAvailable(
-                f"None of the {len(every)} engines of {self.base_url} is up (each failed to "
-                f"connect or its health probe); they are probed every "
-                f"{self.health_interval:g} s at most (TRIMPROXY_HEALTH_INTERVAL). Retry shortly.",
-                headers={"retry-after": str(max(1, min(30, round(self.health_interval))))},
-            )
+            raise no_engine_available(len(every), self.base_url, self.health_interval)
         return self.router.order(live, key)
 
     async def forward(
@@ -125,7 +123,7 @@ class Upstream:
         async def attempt(e: Engine) -> aiohttp.ClientResponse:
             return await send(e, method, path, headers, body, client_gone)
 
-        response, _ = await failover(self.order(), attempt, connection_failed)
+        response, _ = await failover(self.order(), attempt, unanswered)
         return response
 
     # -- the proxy's own calls ----------------------------------------------------

@@ -1,11 +1,15 @@
 """The failover rule, once for every caller: the first engine of the order, and the
-next one when the first could not be reached.
+next one when nothing of an answer came from the first.
 
-A request goes to a second engine only when nothing reached the first (a refused
-connection, one not opened in time: ``retryable`` says which failures those are); a
-request whose bytes went out may have been acted on, and is not sent twice. Two tries
-at most: an order of several engines that all refuse is a fleet that is down, and the
-prober takes them out of the rotation meanwhile (docs/architecture.md §20).
+A request goes to a second engine only when the first gave nothing of an answer
+(``retryable`` says which failures those are): a refused connection, one not opened
+in time, and, for forwarded requests (``proxy.upstream.unanswered``), a connection
+the engine closed before the answer's head, after the transport's one retry on a
+fresh connection (an engine that exited while answering: nothing was relayed, so
+nothing is lost or repeated). A request that timed out or got an answer is not sent
+again. Two engines at most: an order of several engines that all fail is a fleet that
+is down, and the prober takes them out of the rotation meanwhile
+(docs/architecture.md §20).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 from proxy.engines.engine import Engine
+from proxy.upstream.calls import dropped
 
 log = logging.getLogger("trimproxy.engines")
 
@@ -34,5 +39,6 @@ async def failover(
     except Exception as exc:
         if len(order) < 2 or not retryable(exc):
             raise
-        log.info("engine %s could not be reached; retrying on %s", first.label, order[1].label)
+        why = "closed the connection before answering" if dropped(exc) else "could not be reached"
+        log.info("engine %s %s; retrying on %s", first.label, why, order[1].label)
     return await attempt(order[1]), order[1]

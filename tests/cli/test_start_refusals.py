@@ -157,3 +157,23 @@ def test_a_bad_value_from_an_env_file_names_the_file(tmp_path: Path) -> None:
 def test_a_bad_continue_attempts_is_one_line(value: str, why: str) -> None:
     line = one_line(serve(env={"TRIMPROXY_CONTINUE_ATTEMPTS": value}))
     assert "invalid TRIMPROXY_CONTINUE_ATTEMPTS" in line and why in line
+
+
+def test_a_tokenizer_that_fails_only_once_loaded_is_one_line_too(tmp_path: Path) -> None:
+    """The start-up check finds the files of ``hf:<dir>``; loading them, which only the
+    lifespan does, fails. Still one line naming the setting, and exit 2, not the
+    server's traceback and exit 3 (the server's own log lines come before it)."""
+    (tmp_path / "tokenizer.json").write_text("{not json")
+    (tmp_path / "tokenizer_config.json").write_text("{}")
+    setting = f"hf:{tmp_path}"
+    out = serve(
+        env={
+            "TRIMPROXY_TOKENIZER": setting,
+            "TRIMPROXY_CONTEXT_WINDOW": "4096",
+            "TRIMPROXY_UPSTREAM_URL": "http://127.0.0.1:9",
+        }
+    )
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"trimproxy: TRIMPROXY_TOKENIZER={setting}: cannot load"), last

@@ -16,6 +16,14 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+CHAT = "/v1/chat/completions"
+#: A small chat request, for the tests where what it asks does not matter.
+HELLO: dict[str, Any] = {
+    "model": "bad-model",
+    "messages": [{"role": "user", "content": "hi"}],
+    "max_tokens": 4,
+}
+
 
 @dataclass
 class Answer:

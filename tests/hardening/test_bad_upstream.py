@@ -19,23 +19,16 @@ import openai
 import pytest
 
 from proxy.upstream import Upstream
-from tests.hardening.raw import request
+from tests.hardening.raw import CHAT, HELLO, request
 from tests.observability.promtext import scrape
 from tests.support.bad_upstream import BadUpstream
 from tests.support.inprocess import make_settings
 from tests.support.processes import ProxyProcess
 
 StartProxy = Callable[..., ProxyProcess]
-CHAT = "/v1/chat/completions"
 # One misbehaving upstream and one proxy serve the module, and most tests wait out a
 # read timeout: keep them on one xdist worker (--dist loadgroup) while the others compute.
 pytestmark = pytest.mark.xdist_group("bad_upstream")
-
-HELLO: dict[str, Any] = {
-    "model": "bad-model",
-    "messages": [{"role": "user", "content": "hi"}],
-    "max_tokens": 4,
-}
 
 
 @pytest.fixture(scope="module")

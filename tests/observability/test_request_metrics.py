@@ -36,7 +36,8 @@ async def test_known_sequence_counts_exactly(
     too_big = await post(client, turns("x" * 4096))
     sim_upstream.configure(fail_next={"status": 500})
     failed = await post(client, turns("hello there"))
-    sim_upstream.configure(fail_next={"close": True})
+    # Closed before answering twice: the request and its one retry on a fresh connection.
+    sim_upstream.configure(fail_next={"close": True, "times": 2})
     dropped = await post(client, turns("hello there"))
     streamed = await post(client, turns("hello there"), stream=True)
 
@@ -80,6 +81,7 @@ async def test_known_sequence_counts_exactly(
     assert m.value("trimproxy_trim_events_total", reason="budget") == 1
     assert m.value("trimproxy_upstream_errors_total", kind="http_5xx") == 1
     assert m.value("trimproxy_upstream_errors_total", kind="disconnected") == 1
+    assert m.value("trimproxy_upstream_retries_total", reason="disconnected") == 1
     assert sum(v for (n, _), v in m.samples.items() if n == "trimproxy_upstream_errors_total") == 2
     # First byte from the upstream: the 200s, the 500 body, the stream.
     assert m.value("trimproxy_upstream_ttfb_seconds_count", route=CHAT) == 5

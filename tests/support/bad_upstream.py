@@ -15,7 +15,9 @@ Run in a daemon thread with its own event loop::
 
 Behaviours (``behave(name, path=None, **options)``):
 
-* ``ok``: a small vLLM-style chat completion (``/v1/models`` lists ``model``).
+* ``ok``: a small vLLM-style chat completion (``/v1/models`` lists ``model``;
+  ``/tokenize`` answers a count, an eighth of the body's bytes); after ``delay``
+  seconds (default none).
 * ``status``: ``status`` (600, 999, ...) with a small JSON body.
 * ``bad_header``: 200 with a header whose value is UTF-8, not Latin-1.
 * ``cut_length``: declares ``size`` bytes (default 2 MiB) of JSON, sends ``sent``
@@ -24,6 +26,11 @@ Behaviours (``behave(name, path=None, **options)``):
   with no last chunk.
 * ``cut_sse``: an SSE stream of ``events`` chunks (``dialect`` vllm or fastchat),
   then a close with no ``[DONE]`` and no last chunk.
+* ``drop``: reads the request and closes the connection without a byte of answer
+  (an engine that exited while answering).
+* ``close_reused``: ``ok`` for a connection's first request; a later request on the
+  same kept-alive connection is read and the connection closed unanswered (an engine
+  closing an idle connection just as the request went out on it).
 * ``hang``: reads the request and never answers; ``hang_body``: sends the head of
   a streaming answer, ``events`` SSE events (default none) ``gap`` seconds apart,
   and then nothing.
@@ -164,6 +171,7 @@ class BadUpstream(Stack):
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.add(writer)
         try:
+            served = 0
             while True:
                 request = await _read_request(reader)
                 if request is None:
@@ -171,6 +179,9 @@ class BadUpstream(Stack):
                 self.requests.append(request)
                 path = request.path.partition("?")[0]
                 rule = self._rules.get(path) or self._rules[None]
+                if rule.name == "drop" or (rule.name == "close_reused" and served):
+                    return
+                served += 1
                 keep_open = await self._answer(rule, request, writer)
                 if not keep_open:
                     return
@@ -183,9 +194,14 @@ class BadUpstream(Stack):
     async def _answer(self, rule: _Rule, request: Received, writer: asyncio.StreamWriter) -> bool:
         """Write the answer; True when the connection may serve another request."""
         opts = rule.options
-        if rule.name == "ok":
-            is_models = request.path.startswith("/v1/models")
-            body = models_body(self.model) if is_models else chat_body(self.model)
+        if rule.name in ("ok", "close_reused"):
+            await asyncio.sleep(float(opts.get("delay", 0)))
+            if request.path.startswith("/v1/models"):
+                body = models_body(self.model)
+            elif request.path.startswith("/tokenize"):
+                body = json.dumps({"count": len(request.body) // 8 + 1}).encode()
+            else:
+                body = chat_body(self.model)
             await _write(writer, 200, [(b"content-type", b"application/json")], body)
             return True
         if rule.name == "status":
