@@ -255,7 +255,7 @@ def _continue_on(
         if not order:
             return "no other live engine"
         try:
-            moved, engine = await failover(order, lambda e: attempt(e, body), connection_failed)
+            moved, engine = await failover(order, lambda e: attempt(e, body), unanswered)
         except ProxyError as exc:
             return f"it could not be sent: {exc.message}"
         tried.append(engine)
