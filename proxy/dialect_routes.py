@@ -1,25 +1,28 @@
-"""The routes of the dialects beside chat: the Responses API and Anthropic Messages,
-read → parse (the dialect) → prepare → forward → relay, as the chat route
-(docs/architecture.md §22). Only the parse, the render and the error envelope are the
-dialect's own."""
+"""The routes of the dialects beside chat: the Responses API, Anthropic Messages (and
+its token count) and completions, read → parse (the dialect) → prepare → forward →
+relay, as the chat route (docs/architecture.md §22). Only the parse, the render and the
+error envelope are the dialect's own; a raw prompt has its own prepare step."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
 
+import orjson
 from fastapi.routing import APIRoute
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from proxy import response_chain
-from proxy.dependencies import services
-from proxy.dialects import anthropic_errors, messages, messages_chat, responses
+from proxy.dependencies import Services, services
+from proxy.dialects import anthropic_errors, completions, messages, messages_chat, responses
 from proxy.dialects.conversation import Conversation
 from proxy.errors import ContextLengthExceeded, InvalidRequest, ProxyError
 from proxy.forward import Outgoing, forward
-from proxy.logs import request_facts
-from proxy.prepare_dialect import Wire, prepare_conversation, wire
+from proxy.logs import RequestFacts, request_facts
+from proxy.prepare import Prepared, note_model
+from proxy.prepare_completion import prepare_completion
+from proxy.prepare_dialect import Wire, input_tokens, prepare_conversation, wire
 from proxy.relay import (
     STREAM_WATCH_DELAY,
     WATCH_DELAY,
@@ -27,19 +30,40 @@ from proxy.relay import (
     sse_error_event,
     watch_disconnect,
 )
-from proxy.routes import read_body
+from proxy.routes import USAGE_CAPTURE_BYTES, read_body
+from proxy.sessions.identity import Identity
 from proxy.types import JSON_MEDIA_TYPE
 
 RESPONSES_PATH = "/v1/responses"
 MESSAGES_PATH = "/v1/messages"
+COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
+COMPLETIONS_PATH = "/v1/completions"
 
 RESPONSES = wire("responses", responses.to_chat, responses.render)
 MESSAGES = wire("messages", messages.to_chat, messages.render, messages_chat.chat_tools)
 
 
+Prepare = Callable[
+    [Conversation, bytes, Mapping[str, str], Services, RequestFacts], Awaitable[Prepared]
+]
+
+
+def _trimmed(w: Wire, chain: Identity | None = None) -> Prepare:
+    """The prepare step of a dialect whose items are trimmed (``prepare_conversation``);
+    ``chain``: the session of the stored chain a Responses request continues."""
+
+    async def prepare(
+        conv: Conversation, raw: bytes, headers: Mapping[str, str], svc: Services,
+        facts: RequestFacts,
+    ) -> Prepared:  # fmt: skip
+        return await prepare_conversation(w, conv, raw, headers, svc, facts, chain=chain)
+
+    return prepare
+
+
 async def _serve(
     request: Request,
-    w: Wire,
+    prepare: Prepare,
     parse: Callable[[bytes], Conversation],
     error_event: Callable[[ProxyError], bytes] = sse_error_event,
     chained: bool = False,
@@ -53,8 +77,8 @@ async def _serve(
     linked = await response_chain.link(svc, conv, request.headers) if chained else None
     if linked is not None:
         conv, raw = linked.conv, linked.raw
-    session = linked.session if linked is not None else None
-    prepared = await prepare_conversation(w, conv, raw, request.headers, svc, facts, chain=session)
+        prepare = _trimmed(RESPONSES, linked.session)
+    prepared = await prepare(conv, raw, request.headers, svc, facts)
     headers = svc.upstream.transport.request_headers(request.scope["headers"])
     headers["content-type"] = JSON_MEDIA_TYPE
     client_gone = watch_disconnect(
@@ -68,7 +92,9 @@ async def _serve(
         path = f"{path}?{query.decode('latin-1')}"
     out = Outgoing("POST", path, headers, prepared.body)
     sent = await forward(svc, out, client_gone, facts, prepared)
-    relay = Relay(sent, client_gone, error_event=error_event)
+    # A JSON answer is kept (up to a bound) to compare its usage with the count.
+    capture = 0 if conv.stream or conv.endpoint != "completions" else USAGE_CAPTURE_BYTES
+    relay = Relay(sent, client_gone, capture_limit=capture, error_event=error_event)
     if linked is None:
         return relay
     return response_chain.keeping(svc, request.headers, linked, relay, sent, prepared, facts)
@@ -88,14 +114,14 @@ def _parse_responses(raw: bytes) -> Conversation:
 
 async def create_response(request: Request) -> Response:
     """``POST /v1/responses``: trimmed to the budget like chat."""
-    return await _serve(request, RESPONSES, _parse_responses, chained=True)
+    return await _serve(request, _trimmed(RESPONSES), _parse_responses, chained=True)
 
 
 async def create_message(request: Request) -> Response:
     """``POST /v1/messages``: trimmed to the budget like chat; errors in Anthropic's
     envelope, an over-long prompt in the wording agent clients act on."""
     try:
-        return await _serve(request, MESSAGES, messages.parse, _anthropic_event)
+        return await _serve(request, _trimmed(MESSAGES), messages.parse, _anthropic_event)
     except ProxyError as exc:
         request_facts(request).error = exc.code  # for the access line
         return anthropic_response(exc)
@@ -103,6 +129,32 @@ async def create_message(request: Request) -> Response:
 
 def _anthropic_event(exc: ProxyError) -> bytes:
     return anthropic_errors.stream_error_event(exc.status, exc.message)
+
+
+async def create_completion(request: Request) -> Response:
+    """``POST /v1/completions``: a raw prompt, counted, capped, admitted; refused over
+    the budget (``proxy.prepare_completion``)."""
+    return await _serve(request, prepare_completion, completions.parse)
+
+
+async def count_message_tokens(request: Request) -> Response:
+    """``POST /v1/messages/count_tokens``, answered here: the count the Messages route
+    trims by, which is the engine's (``prepare_dialect.input_tokens``)."""
+    try:
+        svc = services(request)
+        raw = await read_body(request, svc.settings.max_body_bytes, svc.settings.body_timeout)
+        conv = messages.parse(raw)
+        if not conv.model:
+            raise InvalidRequest("'model' is required.", param="model")
+        svc = svc.for_model(conv.model)
+        note_model(svc.settings.max_model_name_length, conv.model, request_facts(request))
+        tokens = await input_tokens(svc, MESSAGES, conv)
+    except ProxyError as exc:
+        request_facts(request).error = exc.code
+        return anthropic_response(exc)
+    # vLLM's answer, context_management included.
+    body = {"input_tokens": tokens, "context_management": {"original_input_tokens": tokens}}
+    return Response(orjson.dumps(body), media_type=JSON_MEDIA_TYPE)
 
 
 def anthropic_response(exc: ProxyError) -> Response:
@@ -146,6 +198,20 @@ def dialect_routes() -> list[Route]:
             response_chain.delete_response,
             methods=["DELETE"],
             summary="Delete a response this proxy stored",
+            tags=["openai"],
+        ),
+        APIRoute(
+            COUNT_TOKENS_PATH,
+            count_message_tokens,
+            methods=["POST"],
+            summary="Anthropic Messages token count, answered by the proxy",
+            tags=["anthropic"],
+        ),
+        APIRoute(
+            COMPLETIONS_PATH,
+            create_completion,
+            methods=["POST"],
+            summary="Completion of a raw prompt, refused over the token budget",
             tags=["openai"],
         ),
     ]

@@ -69,7 +69,7 @@ class ContextLengthExceeded(ProxyError):
 
 
 def context_length_exceeded(
-    needed: int, limit: PromptLimit, *, at_least: bool = False
+    needed: int, limit: PromptLimit, *, at_least: bool = False, raw_prompt: bool = False
 ) -> ContextLengthExceeded:
     """The one 400 for a prompt that cannot fit even after trimming: ``needed`` is
     the least the request needs (its system block and last turn; a lower bound when
@@ -80,17 +80,21 @@ def context_length_exceeded(
     to recognise a context-window error (the LiteLLM SDK's
     ``context_window_fallbacks``), then the advice for the limit that really binds:
     the window less the completion reserve, or ``TRIMPROXY_MAX_PROMPT_TOKENS``.
+    ``raw_prompt``: a completions prompt (``/v1/completions``), which has no turns.
     """
     resulted = f"{'at least ' if at_least else ''}{needed} tokens"
     dropped = "even with every earlier turn dropped (the system messages and the last turn)"
+    subject, shorten, param = "messages", "the last message or the system prompt", "messages"
+    if raw_prompt:
+        dropped = "and a raw prompt has no turns to drop"
+        subject, shorten, param = "prompt", "the prompt", "prompt"
     if limit.window is None or limit.setting_binds:
         named = " (TRIMPROXY_MAX_PROMPT_TOKENS)" if limit.setting_binds else ""
         return ContextLengthExceeded(
             f"This model's maximum context length is {limit.budget} tokens for prompts "
-            f"through this proxy{named}. However, your messages resulted in {resulted}, "
-            f"{dropped}. Shorten the last message or the system prompt; asking for fewer "
-            "completion tokens would not help.",
-            param="messages",
+            f"through this proxy{named}. However, your {subject} resulted in {resulted}, "
+            f"{dropped}. Shorten {shorten}; asking for fewer completion tokens would not help.",
+            param=param,
             needed=needed,
             maximum=limit.budget,
         )
@@ -107,10 +111,10 @@ def context_length_exceeded(
         )
     return ContextLengthExceeded(
         f"This model's maximum context length is {limit.window} tokens. However, your "
-        f"messages resulted in {resulted}, {dropped}, and {reserved} leave "
-        f"{max(limit.budget, 0)} for the prompt. Shorten the last message or the system "
-        "prompt, or ask for fewer completion tokens (max_tokens).",
-        param="messages",
+        f"{subject} resulted in {resulted}, {dropped}, and {reserved} leave "
+        f"{max(limit.budget, 0)} for the prompt. Shorten {shorten}, or ask for fewer "
+        "completion tokens (max_tokens).",
+        param=param,
         needed=needed,
         maximum=limit.budget,
     )
@@ -244,6 +248,12 @@ class MethodNotAllowed(ProxyError):
     status = 405
     type = "invalid_request_error"
     code = "method_not_allowed"
+
+
+class RouteNotFound(ProxyError):
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
 
 
 def envelope(message: str, type_: str, code: str, param: str | None = None) -> bytes:

@@ -85,6 +85,16 @@ async def _per_item(
     return PromptCount(tuple(per), counted.overhead)
 
 
+async def input_tokens(svc: Services, w: Wire, conv: Conversation) -> int:
+    """The whole request's prompt tokens, as the engine renders it: what vLLM's
+    ``/v1/messages/count_tokens`` answers (its chat conversion and template, tools
+    included), from the counter's per-message caches."""
+    everything = range(len(conv.items))
+    messages, _ = w.to_chat(conv, everything)
+    tools = w.tools(conv, everything)
+    return (await svc.counter.count(messages, tools=tools, model=conv.model)).total
+
+
 def session_view(conv: Conversation) -> list[Message]:
     """The items as the session step hashes them: each one's turn role and the item."""
     roles, items = conv.roles, conv.items

@@ -27,6 +27,7 @@ from proxy.errors import (
     ProxyError,
     RequestTimeout,
     RequestTooLarge,
+    RouteNotFound,
     no_engine_available,
 )
 from proxy.forward import Outgoing, forward
@@ -34,6 +35,7 @@ from proxy.logs import request_facts
 from proxy.metrics import CONTENT_TYPE
 from proxy.models import union_models
 from proxy.openapi import CHAT_BODY, CHAT_RESPONSES, HealthBody, ReadinessBody
+from proxy.paths import PROMPT_PATHS
 from proxy.prepare import prepare
 from proxy.relay import STREAM_WATCH_DELAY, WATCH_DELAY, Relay, watch_disconnect
 from proxy.types import JSON_MEDIA_TYPE
@@ -42,7 +44,7 @@ from proxy.upstream.readiness import ready as upstream_ready
 
 CHAT_PATH = "/v1/chat/completions"
 # A non-streaming answer up to this size is kept to compare usage with the count.
-_USAGE_CAPTURE_BYTES = 1 << 20
+USAGE_CAPTURE_BYTES = 1 << 20
 
 
 async def read_body(request: Request, limit: int, timeout: float | None = None) -> bytes:
@@ -120,7 +122,7 @@ async def chat_completions(request: Request) -> Response:
     )
     out = Outgoing("POST", CHAT_PATH, headers, prepared.body)
     sent = await forward(svc, out, client_gone, facts, prepared)
-    return Relay(sent, client_gone, capture_limit=0 if chat.stream else _USAGE_CAPTURE_BYTES)
+    return Relay(sent, client_gone, capture_limit=0 if chat.stream else USAGE_CAPTURE_BYTES)
 
 
 def error_response(request: Request, exc: ProxyError) -> Response:
@@ -171,11 +173,7 @@ async def passthrough(request: Request) -> Response:
     # The path in normal form (proxy.paths, applied by the Accounting middleware):
     # exactly what was routed goes upstream, and the query string as the client sent it.
     path = request.scope["raw_path"].decode("ascii")
-    if path == CHAT_PATH:
-        raise MethodNotAllowed(
-            f"{request.method} is not allowed on {CHAT_PATH}; chat completions are POST requests.",
-            headers={"allow": "POST"},
-        )
+    refuse_unbounded(request.method, path, svc.settings.blind_routes)
     body = await read_body(request, svc.settings.max_body_bytes, svc.settings.body_timeout)
     if svc.upstreams and path == "/v1/models" and request.method == "GET":
         return await union_of_models(request, svc)
@@ -193,6 +191,28 @@ async def passthrough(request: Request) -> Response:
     out = Outgoing(request.method, path, headers, body or None)
     sent = await forward(svc, out, client_gone, request_facts(request))
     return Relay(sent, client_gone)
+
+
+def refuse_unbounded(method: str, path: str, blind_routes: str) -> None:
+    """What the relay must not pass on: another method on a route that carries a
+    prompt (405), another spelling of one (404: an upstream that matched it
+    case-blind would run the prompt unbounded), and with TRIMPROXY_BLIND_ROUTES=refuse
+    every route but GET /v1/models (404)."""
+    if path in PROMPT_PATHS:
+        raise MethodNotAllowed(
+            f"{method} is not allowed on {path}; it takes POST requests.",
+            headers={"allow": "POST"},
+        )
+    if path.lower() in PROMPT_PATHS:
+        raise RouteNotFound(
+            f"No route {path}: paths are case-sensitive. Send it to {path.lower()}."
+        )
+    if blind_routes == "refuse" and not (path == "/v1/models" and method in ("GET", "HEAD")):
+        raise RouteNotFound(
+            f"{method} {path} is not served: this proxy relays only the routes it keeps "
+            "within the token budget (TRIMPROXY_BLIND_ROUTES=refuse). Set "
+            "TRIMPROXY_BLIND_ROUTES=relay to relay the rest of /v1/ as it is."
+        )
 
 
 def _model_of(body: bytes) -> str | None:

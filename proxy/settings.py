@@ -125,6 +125,13 @@ class Settings(BaseSettings):
         description="Comma-separated keys the proxy accepts on /v1/*, as Authorization: "
         "Bearer <key> or X-Api-Key: <key>; open when unset.",
     )
+    blind_routes: Literal["relay", "refuse"] = Field(
+        "relay",
+        description="Routes under /v1/ that carry no bounded prompt (embeddings, audio, "
+        "anything but chat, completions, responses, messages and GET /v1/models) and "
+        "/tokenize, /detokenize: relay passes them to the upstream as they are, refuse "
+        "answers 404.",
+    )
     upstream_api_key: str | None = Field(
         None, description="Key sent upstream in place of the client's."
     )

@@ -113,6 +113,11 @@ class SharedCounter:
     ) -> PromptCount:
         return PromptCount(self.per_message(messages), REPLY_PRIMING)
 
+    async def count_prompt(
+        self, text: str, *, model: str | None = None, special_tokens: bool = True
+    ) -> int:
+        return self.text_tokens(text)
+
     async def aclose(self) -> None:
         return None
 

@@ -5,8 +5,10 @@ admitted and refused over the budget. ``prompt`` is a string, a list of strings,
 list of token ids or a list of token-id lists; each prompt of a list is a request of
 its own to the engine, with ``n`` answers each. vLLM 0.32 has no ``best_of`` (the
 field is ignored), and ``echo`` only copies the prompt into the answer (no KV of its
-own); ``max_tokens`` 0 is allowed with ``echo`` (score the prompt, generate nothing),
-and vLLM reserves 16 tokens when it is absent.
+own); ``max_tokens`` 0 is allowed with ``echo`` (score the prompt, generate nothing).
+An absent ``max_tokens`` is vLLM's (and FastChat's) 16, a bound like any other; an
+explicit ``null`` lets the answer run to the window, as chat's absent one does.
+``prompt_embeds`` cannot be counted here and is refused.
 """
 
 from __future__ import annotations
@@ -43,6 +45,14 @@ def parse(raw: bytes) -> Conversation:
         raise InvalidRequest("'echo' must be true or false.", param="echo")
     user = body.get("user")
     asked = positive_int(body, COMPLETION_FIELD, zero=bool(echo))
+    if COMPLETION_FIELD not in body:
+        asked = DEFAULT_MAX_TOKENS
+    special = body.get("add_special_tokens")
+    if special is not None and not isinstance(special, bool):
+        raise InvalidRequest(
+            "'add_special_tokens' must be true or false.", param="add_special_tokens"
+        )
+    truncation(body)
     return Conversation(
         endpoint="completions",
         body=body,
@@ -61,9 +71,14 @@ def parse(raw: bytes) -> Conversation:
 
 def _check_prompt(body: JSONObject) -> None:
     prompt = body.get("prompt")
+    if body.get("prompt_embeds"):
+        raise InvalidRequest(
+            "'prompt_embeds' is not served through this proxy: it cannot count embedded "
+            "prompts to keep them within the token budget. Send the prompt as text or "
+            "token ids.",
+            param="prompt_embeds",
+        )
     if prompt is None:
-        if body.get("prompt_embeds"):
-            return  # embeddings: nothing to count; the engine takes them as they are
         raise InvalidRequest(f"'prompt' is required. {_PROMPT_HELP}", param="prompt")
     if isinstance(prompt, str) or _kind(prompt) is not None:
         return
@@ -115,6 +130,27 @@ def prompt_count(conv: Conversation) -> int:
     """How many prompts (requests to the engine) the body holds."""
     prompt: Any = conv.body.get("prompt")
     return len(prompt) if _kind(prompt) in ("texts", "id_lists") else 1
+
+
+def special_tokens(conv: Conversation) -> bool:
+    """Whether the engine adds the tokenizer's special tokens (BOS) to a text prompt:
+    ``add_special_tokens``, true unless the request says false."""
+    return conv.body.get("add_special_tokens") is not False
+
+
+def truncation(body: JSONObject) -> int | None:
+    """The tokens the engine cuts each prompt to (``truncate_prompt_tokens``, a vLLM
+    extension); None when it does not cut, or cuts to the window (-1: the prompt is
+    counted whole, which is never less than what the engine keeps)."""
+    value = body.get("truncate_prompt_tokens")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < -1:
+        raise InvalidRequest(
+            "'truncate_prompt_tokens' must be -1 or a non-negative integer.",
+            param="truncate_prompt_tokens",
+        )
+    return None if value == -1 else value
 
 
 def echoes(conv: Conversation) -> bool:

@@ -60,12 +60,14 @@ async def completions(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     cfg = state.config
     payload = await read_json(request, state)
-    prompts = _strings(state, payload.get("prompt"), "prompt")
+    lengths = _prompt_lengths(state, payload.get("prompt"))
     model = state.dialect.check_model(cfg, payload.get("model"))
-    count = sum(raw_prompt_tokens(p, cfg.bytes_per_token) for p in prompts)
-    room = cfg.max_model_len - count
+    # Each prompt is a request of its own to vLLM, checked against the window alone;
+    # usage.prompt_tokens is their sum.
+    count = sum(lengths)
+    room = cfg.max_model_len - max(lengths)
     if room <= 0:
-        raise state.dialect.prompt_too_long(cfg, count)
+        raise state.dialect.prompt_too_long(cfg, max(lengths))
     # vLLM's (and FastChat's) CompletionRequest.max_tokens defaults to 16.
     max_tokens = payload.get("max_tokens", 16)
     max_tokens = 16 if max_tokens is None else max_tokens
@@ -102,6 +104,17 @@ async def completions(request: web.Request) -> web.StreamResponse:
         yield b"data: [DONE]\n\n"
 
     return await generate(request, plan, events() if payload.get("stream") else None, body)
+
+
+def _prompt_lengths(state: SimState, value: Any) -> list[int]:
+    """Each prompt's tokens: text (a string or a list of them) by the sim's tokenizer,
+    token ids (a list, or a list of lists) as they are, as vLLM reads ``prompt``."""
+    if isinstance(value, list) and value and all(isinstance(v, list) for v in value):
+        return [len(ids) for ids in value]
+    if isinstance(value, list) and all(isinstance(v, int) for v in value):
+        return [len(value)]
+    bytes_per_token = state.config.bytes_per_token
+    return [raw_prompt_tokens(p, bytes_per_token) for p in _strings(state, value, "prompt")]
 
 
 async def embeddings(request: web.Request) -> web.StreamResponse:

@@ -41,6 +41,8 @@ _CACHE_BYTES = 16 * 1024 * 1024
 # and the generation prompt that opens the answer.
 MESSAGE_OVERHEAD = 6
 REPLY_PRIMING = 4
+# What a tokenizer may add around a raw prompt (BOS, EOS): a bound takes both.
+SPECIAL_TOKENS = 2
 # Images are counted by the model's vision encoder; no text estimate can know them.
 IMAGE_TOKENS = 1024
 
@@ -150,6 +152,11 @@ class ApproxCounter:
             append(estimate_message(message))
         texts.hits += hits
         return PromptCount(tuple(per_message), overhead)
+
+    async def count_prompt(
+        self, text: str, *, model: str | None = None, special_tokens: bool = True
+    ) -> int:
+        return estimate_text(text) + (SPECIAL_TOKENS if special_tokens else 0)
 
     async def aclose(self) -> None:
         return None

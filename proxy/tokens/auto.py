@@ -123,6 +123,11 @@ class AutoCounter:
             self._task = asyncio.create_task(self._resolve(), name="trimproxy-auto-tokenizer")
         return await self._current.count(messages, tools=tools, model=model)
 
+    async def count_prompt(
+        self, text: str, *, model: str | None = None, special_tokens: bool = True
+    ) -> int:
+        return await self._current.count_prompt(text, model=model, special_tokens=special_tokens)
+
     async def _resolve(self) -> None:
         try:
             counter, final = await resolve_auto(self._upstream, self._on_fallback)

@@ -24,6 +24,7 @@ class TokenCounter(Protocol):
     ``usage.prompt_tokens``. When a counter is exact but its per-message split is not
     additive for every subset (templates whose rendering depends on position), the
     request path recounts the trimmed list; ``additive`` says whether that is needed.
+    ``exact`` holds for ``count_prompt`` too.
     """
 
     name: str
@@ -44,5 +45,14 @@ class TokenCounter(Protocol):
         tools: Sequence[JSONObject] | None = None,
         model: str | None = None,
     ) -> PromptCount: ...
+
+    async def count_prompt(
+        self, text: str, *, model: str | None = None, special_tokens: bool = True
+    ) -> int:
+        """The tokens of a raw prompt (``/v1/completions``): the text encoded as the
+        engine encodes a completion prompt, no chat template, with the tokenizer's
+        special tokens (BOS) added unless ``special_tokens`` is False (the request's
+        ``add_special_tokens``)."""
+        ...
 
     async def aclose(self) -> None: ...

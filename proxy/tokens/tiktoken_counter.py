@@ -175,5 +175,12 @@ class TiktokenCounter:
         overhead = REPLY_PRIMING + (counts[pos] if tools else 0)
         return PromptCount(tuple(per), overhead)
 
+    async def count_prompt(
+        self, text: str, *, model: str | None = None, special_tokens: bool = True
+    ) -> int:
+        """The text's tokens: OpenAI's encodings add no BOS, so ``special_tokens``
+        changes nothing."""
+        return (await self._counts([text]))[0]
+
     async def aclose(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

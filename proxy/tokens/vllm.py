@@ -294,5 +294,29 @@ class VllmCounter:
         parts, overhead = fit_counts(per, total)
         return PromptCount(parts, overhead)
 
+    async def count_prompt(
+        self, text: str, *, model: str | None = None, special_tokens: bool = True
+    ) -> int:
+        """``/tokenize`` with ``prompt``: what ``/v1/completions`` encodes (cached by
+        the text's digest); the estimate when the upstream fails."""
+        model = model or self._model
+        key = _digest(model, special_tokens, text)
+        known = self._totals.get(key)
+        if known is not None:
+            return known
+        try:
+            async with self._slots:
+                self.calls += 1
+                answer = await self._upstream.tokenize_prompt(
+                    text, model, add_special_tokens=special_tokens
+                )
+        except UpstreamCallFailed as exc:
+            log.warning(
+                "upstream /tokenize failed (%s); counting this prompt by estimate", exc.reason
+            )
+            return await self._fallback.count_prompt(text, special_tokens=special_tokens)
+        self._totals.put(key, answer.count)
+        return answer.count
+
     async def aclose(self) -> None:
         return None  # the HTTP session belongs to the Upstream

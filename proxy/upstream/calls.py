@@ -35,6 +35,20 @@ class Tokenized:
     count: int
     max_model_len: int | None
 
+    @classmethod
+    def read(cls, data: object) -> Tokenized:
+        """The answer's ``count`` (else its ``tokens``) and ``max_model_len``."""
+        if not isinstance(data, dict):
+            raise UpstreamCallFailed("/tokenize", 200, "unparsable")
+        count = data.get("count")
+        if not isinstance(count, int):
+            tokens = data.get("tokens")
+            if not isinstance(tokens, list):
+                raise UpstreamCallFailed("/tokenize", 200, "unparsable")
+            count = len(tokens)
+        limit = data.get("max_model_len")
+        return cls(count, limit if isinstance(limit, int) and limit > 0 else None)
+
 
 @dataclass(frozen=True, slots=True)
 class Readiness:

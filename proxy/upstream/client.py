@@ -216,17 +216,17 @@ class Upstream:
             body["model"] = model
         if tools:
             body["tools"] = list(tools)
-        data = await self.call_json("POST", "/tokenize", body)
-        if not isinstance(data, dict):
-            raise UpstreamCallFailed("/tokenize", 200, "unparsable")
-        count = data.get("count")
-        if not isinstance(count, int):
-            tokens = data.get("tokens")
-            if not isinstance(tokens, list):
-                raise UpstreamCallFailed("/tokenize", 200, "unparsable")
-            count = len(tokens)
-        limit = data.get("max_model_len")
-        return Tokenized(count, limit if isinstance(limit, int) and limit > 0 else None)
+        return Tokenized.read(await self.call_json("POST", "/tokenize", body))
+
+    async def tokenize_prompt(
+        self, prompt: str, model: str | None, *, add_special_tokens: bool = True
+    ) -> Tokenized:
+        """vLLM's ``POST /tokenize`` in its completion form: a raw prompt, encoded as
+        ``/v1/completions`` encodes it (special tokens added unless told not to)."""
+        body: dict[str, Any] = {"prompt": prompt, "add_special_tokens": add_special_tokens}
+        if model is not None:
+            body["model"] = model
+        return Tokenized.read(await self.call_json("POST", "/tokenize", body))
 
     async def token_check(self, model: str) -> int | None:
         """FastChat's context length (``POST /api/v1/token_check``); None if not told."""

@@ -57,14 +57,17 @@ def test_parse_errors(body: dict[str, Any], param: str, words: str) -> None:
 def test_fields_and_render() -> None:
     body = {"model": "m", "prompt": "p", "stream": True, "user": "u", "best_of": 3, "x": [1.5]}
     conv = _parse(body)
-    assert (conv.model, conv.stream, conv.user, conv.max_tokens) == ("m", True, "u", None)
+    # vLLM's default when max_tokens is absent; null leaves the answer unbounded.
+    assert (conv.model, conv.stream, conv.user, conv.max_tokens) == ("m", True, "u", 16)
+    assert _parse({"prompt": "p", "max_tokens": None}).max_tokens is None
     assert orjson.loads(completions.render(conv, [], None)) == body
     assert orjson.loads(completions.render(conv, [], 5)) == {**body, "max_tokens": 5}
     scored = _parse({"prompt": "p", "echo": True, "max_tokens": 0})
     assert completions.echoes(scored) and scored.max_tokens == 1
-    embedded = _parse({"prompt_embeds": "AAAA"})
-    assert completions.prompt_text(embedded) is None
-    assert completions.prompt_ids_lengths(embedded) is None
+    assert completions.special_tokens(conv)
+    assert not completions.special_tokens(_parse({"prompt": "p", "add_special_tokens": False}))
+    assert completions.truncation({"truncate_prompt_tokens": 7}) == 7
+    assert completions.truncation({"truncate_prompt_tokens": -1}) is None
 
 
 def test_usage() -> None:

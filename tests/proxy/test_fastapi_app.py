@@ -100,7 +100,8 @@ async def test_docs_and_openapi_list_the_proxys_routes(sim_upstream: SimUpstream
     assert schema["info"]["title"] == "trimproxy"
     paths = schema["paths"]
     assert set(paths) == {
-        "/v1/chat/completions", "/v1/responses", "/v1/messages", "/v1/models", "/healthz",
+        "/v1/chat/completions", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens",
+        "/v1/completions", "/v1/models", "/healthz",
         "/readyz", "/metrics", "/v1/responses/{response_id}",
     }  # fmt: skip
     assert set(paths["/v1/responses/{response_id}"]) == {"get", "delete"}

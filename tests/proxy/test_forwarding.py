@@ -216,15 +216,15 @@ async def test_a_passthrough_body_without_a_type_goes_up_without_one(
     app_proxy: StartApp, sim_upstream: SimUpstream
 ) -> None:
     proxy = await app_proxy(tokenizer="approx")
-    raw = orjson.dumps({"model": "sim-model", "prompt": "hi", "max_tokens": 2})
-    untyped = proxy.client.build_request("POST", "/v1/completions", content=raw)
+    raw = orjson.dumps({"model": "sim-model", "input": "hi"})
+    untyped = proxy.client.build_request("POST", "/v1/embeddings", content=raw)
     assert "content-type" not in untyped.headers
     assert (await proxy.client.send(untyped)).status_code == 200
     typed = await proxy.client.post(
-        "/v1/completions", content=raw, headers={"Content-Type": "application/json"}
+        "/v1/embeddings", content=raw, headers={"Content-Type": "application/json"}
     )
     assert typed.status_code == 200
-    first, second = (received_headers(r) for r in sim_upstream.requests("/v1/completions"))
+    first, second = (received_headers(r) for r in sim_upstream.requests("/v1/embeddings"))
     assert "content-type" not in first  # not aiohttp's application/octet-stream
     assert second["content-type"] == "application/json"
 

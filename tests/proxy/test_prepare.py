@@ -59,6 +59,13 @@ class TenEach:
         cut = first_user is not None and not str(first_user["content"]).startswith("q0")
         return PromptCount((PER_MESSAGE,) * len(messages), 2 + (self.penalty if cut else 0))
 
+    async def count_prompt(
+        self, text: str, *, model: str | None = None, special_tokens: bool = True
+    ) -> int:
+        """A word a token, and one for BOS."""
+        self.calls += 1
+        return len(text.split()) + special_tokens
+
     async def aclose(self) -> None:
         return None
 

@@ -13,7 +13,7 @@ import asyncio
 import pytest
 from starlette.types import Message, Receive
 
-from proxy import routes
+from proxy import dialect_routes, routes
 from proxy.relay import WATCH_DELAY, watch_disconnect
 from tests.support.inprocess import StartApp
 from tests.support.sim import SimUpstream
@@ -79,8 +79,10 @@ async def test_cancelling_a_started_watch_stops_its_task() -> None:
     [
         ("/v1/chat/completions", True, 0.0),
         ("/v1/chat/completions", False, 0.25),
-        ("/v1/completions", True, 0.0),  # passed through, not parsed
+        ("/v1/completions", True, 0.0),  # the dialect's parse reads it
         ("/v1/completions", None, 0.25),
+        ("/v1/embeddings", True, 0.0),  # passed through, not parsed
+        ("/v1/embeddings", None, 0.25),
     ],
 )
 async def test_a_stream_is_watched_from_the_start_a_plain_answer_later(
@@ -100,12 +102,15 @@ async def test_a_stream_is_watched_from_the_start_a_plain_answer_later(
         return watch_disconnect(receive, delay)
 
     monkeypatch.setattr(routes, "watch_disconnect", recording)
+    monkeypatch.setattr(dialect_routes, "watch_disconnect", recording)
     proxy = await app_proxy(tokenizer="approx")
     body: dict[str, object] = {"model": "sim-model", "max_tokens": 4}
     if path == "/v1/chat/completions":
         body["messages"] = [{"role": "user", "content": "hello"}]
-    else:
+    elif path == "/v1/completions":
         body["prompt"] = "hello"
+    else:
+        body["input"] = "hello"
     if stream is not None:
         body["stream"] = stream
     response = await proxy.client.post(path, json=body)

@@ -1,5 +1,5 @@
 """A small HTTP server on 127.0.0.1 that answers like vLLM's OpenAI server:
-``GET /v1/models`` and ``POST /tokenize`` (chat form), counting with a real HF
+``GET /v1/models`` and ``POST /tokenize`` (chat and completion forms), counting with a real HF
 tokenizer. Messages are normalised as vLLM does (``proxy.tokens.hf.normalize``, tested on
 its own) before the chat template renders them."""
 
@@ -47,6 +47,12 @@ class FakeVLLM:
         self.calls.append(body)
         if body.get("model") not in (None, self.served_name):
             return web.json_response({"error": {"message": "model not found"}}, status=404)
+        if isinstance(body.get("prompt"), str):  # the completion form: encoded as it is
+            special = body.get("add_special_tokens", True)
+            ids = self.tokenizer.encode(body["prompt"], add_special_tokens=special)
+            return web.json_response(
+                {"count": len(ids), "max_model_len": MAX_MODEL_LEN, "tokens": ids}
+            )
         conversation, _ = to_conversation(body["messages"], "string")
         try:
             ids = self.tokenizer.apply_chat_template(

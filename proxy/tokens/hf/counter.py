@@ -16,12 +16,14 @@ Files are read from the local disk only (``load``).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from proxy.tokens.approx import IMAGE_TOKENS, ApproxCounter
+from proxy.tokens.cache import ByteLRU
 from proxy.tokens.errors import ConfigError
 from proxy.tokens.hf import self_check
 from proxy.tokens.hf.added_tokens import AddedToken, AddedTokenSplitter
@@ -96,6 +98,8 @@ class HFCounter:
             executor=self._executor,
         )
         self._fallback = ApproxCounter()
+        #: Raw prompts' counts (``count_prompt``), by digest.
+        self._prompts: ByteLRU[bytes, int] = ByteLRU(cache_bytes // 64)
         self._estimated = Estimated(tokenizer)
         #: The named start-up checks that failed (``self_check.run``).
         self.failures: tuple[self_check.Failure, ...] = ()
@@ -255,6 +259,27 @@ class HFCounter:
         per, overhead = await self._tally(rendered, placement, messages)
         extra = [m * IMAGE_TOKENS for m in media]
         return PromptCount(tuple(p + e for p, e in zip(per, extra, strict=True)), overhead)
+
+    async def count_prompt(
+        self, text: str, *, model: str | None = None, special_tokens: bool = True
+    ) -> int:
+        """``tokenizer.encode(text, add_special_tokens=...)``, as vLLM encodes a
+        completions prompt (BOS and the like added by the tokenizer's own rule);
+        cached by the text's digest, the way a client resends a long few-shot prefix."""
+        key = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16)
+        key.update(b"\x01" if special_tokens else b"\x00")
+        digest = key.digest()
+        known = self._prompts.get(digest)
+        if known is not None:
+            return known
+
+        def encode() -> int:
+            return len(self._tok.encode(text, add_special_tokens=special_tokens))
+
+        loop = asyncio.get_running_loop()
+        count = await loop.run_in_executor(self._executor, encode)
+        self._prompts.put(digest, count)
+        return count
 
     async def aclose(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
