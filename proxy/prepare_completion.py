@@ -12,6 +12,7 @@ is that sum, so the estimate-error metric compares like with like.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping
 from dataclasses import replace
 
@@ -80,7 +81,7 @@ async def prepare_completion(
     facts: RequestFacts,
 ) -> Prepared:  # fmt: skip
     """Count, cap, budget of a completions request: what to forward, or the refusal."""
-    note_model(svc.settings.max_model_name_length, conv.model, facts)
+    note_model(svc.settings.max_model_name_length, conv.model, facts, "completions")
     out: dict[str, str] = {}
     allowance = completion_allowance(svc, conv)
     cap = None
@@ -90,9 +91,11 @@ async def prepare_completion(
     limit = await limit_for(svc, conv, allowance)
     if limit is not None:
         _refuse_surely_too_long(svc, conv, limit)
+    began = time.monotonic()
     counts = await prompt_tokens(svc, conv)
+    counted_in = time.monotonic() - began
     total = sum(counts)
-    metrics = await model_series(svc, conv.model)
+    metrics = await model_series(svc, conv.model, "completions")
     metrics.prompt_received.observe(total)
     facts.prompt_tokens_received = total
     if limit is not None and counts and max(counts) > limit.budget:
@@ -105,5 +108,5 @@ async def prepare_completion(
         trim_reason=None, budget=None if limit is None else limit.budget, headers=out,
         session_id=None, reserve=allowance.tokens,
         allowance=replace(allowance, n=allowance.n * prompts), series=metrics,
-        session_key=_route_key(svc, headers, conv),
+        session_key=_route_key(svc, headers, conv), counted_in=counted_in,
     )  # fmt: skip
