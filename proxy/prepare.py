@@ -312,8 +312,10 @@ async def prepare(
     settings = svc.settings
     note_model(settings.max_model_name_length, chat.model, facts)
     history_start = 0
-    out: dict[str, str] = {}  # not dict[str, str](): the alias's call raises and catches
-    # A lone engine is never routed: no identity to work out for routing alone.
+    # A literal: calling dict[str, str] raises and catches (docs/performance.md §6).
+    out: dict[str, str] = {}
+    # A lone engine is never routed: no identity to work out for routing alone
+    # (docs/performance.md §6).
     wanted = svc.sessions is not None or (
         settings.routing == "session" and svc.upstream.lone is None
     )
