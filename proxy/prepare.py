@@ -327,8 +327,14 @@ async def prepare(
     access-log record, filled in as the facts become known."""
     settings = svc.settings
     note_model(settings.max_model_name_length, chat.model, facts)
-    history_start, out = 0, dict[str, str]()
-    wanted = svc.sessions is not None or settings.routing == "session"
+    history_start = 0
+    # A literal: calling dict[str, str] raises and catches (docs/performance.md §6).
+    out: dict[str, str] = {}
+    # A lone engine is never routed: no identity to work out for routing alone
+    # (docs/performance.md §6).
+    wanted = svc.sessions is not None or (
+        settings.routing == "session" and svc.upstream.lone is None
+    )
     ident = session_identity(svc, headers, chat.user, chat.messages) if wanted else None
     if ident is not None and svc.sessions is not None:
         history_start = await session_step(svc, ident, chat.messages, facts, out)

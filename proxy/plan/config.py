@@ -161,8 +161,8 @@ def _layers(raw: dict[str, Any], num_layers: int) -> tuple[int | None, int]:
     return window, num_layers
 
 
-def parse_config(raw: dict[str, Any], source: str = "config.json") -> ModelConfig:
-    """The planner's view of a parsed ``config.json``."""
+def _language_model(raw: dict[str, Any]) -> dict[str, Any]:
+    """The config of the decoder itself, refused where its layers are not modeled."""
     if not isinstance(raw, dict):
         raise ConfigError("config.json", "must be a JSON object")
     if isinstance(raw.get("text_config"), dict):
@@ -173,44 +173,71 @@ def parse_config(raw: dict[str, Any], source: str = "config.json") -> ModelConfi
     for field in _UNMODELED:
         if field in raw:
             raise ConfigError(field, "this architecture's layers are not modeled by the planner")
-    num_layers = _need(raw, "num_hidden_layers", "num_layers", "n_layer", "n_layers")
-    heads = _need(raw, "num_attention_heads", "n_head", "num_heads")
-    hidden = _need(raw, "hidden_size", "n_embd", "d_model")
-    architectures = raw.get("architectures") or [""]
-    model_type = str(raw.get("model_type", ""))
-    window, sliding_layers = _layers(raw, num_layers)
-    kv_lora = raw.get("kv_lora_rank")
-    if kv_lora is not None:
+    return raw
+
+
+def _attention(raw: dict[str, Any], heads: int, hidden: int) -> tuple[int, int, int, str]:
+    """KV heads, K's head size, V's head size and the attention kind."""
+    if raw.get("kv_lora_rank") is not None:
         rank = _int(raw, "kv_lora_rank")
         rope = _int(raw, "qk_rope_head_dim")
         assert rank is not None and rope is not None
-        kv_heads, head_dim, v_dim, kind = 1, rank + rope, 0, "mla"
-    else:
-        found = _first(raw, "n_head_kv", "num_kv_heads", "num_key_value_heads")
-        if found is None and raw.get("multi_query_attention") is not False:
-            found = _first(raw, "multi_query_group_num")
-        if found is None and raw.get("multi_query") is True:
-            found = ("multi_query", 1)
-        kv_heads = found[1] if found else heads
-        if heads % kv_heads:
-            field = found[0] if found else "num_attention_heads"
-            raise ConfigError(field, f"{kv_heads} KV heads do not divide {heads} heads")
-        explicit = _first(raw, "head_dim", "kv_channels")
-        head_dim = explicit[1] if explicit else hidden // heads
-        if not explicit and hidden % heads:
-            raise ConfigError("head_dim", f"missing, and {heads} heads do not divide {hidden}")
-        v_dim = head_dim
-        kind = "mqa" if kv_heads == 1 and heads > 1 else "mha" if kv_heads == heads else "gqa"
+        return 1, rank + rope, 0, "mla"
+    found = _first(raw, "n_head_kv", "num_kv_heads", "num_key_value_heads")
+    if found is None and raw.get("multi_query_attention") is not False:
+        found = _first(raw, "multi_query_group_num")
+    if found is None and raw.get("multi_query") is True:
+        found = ("multi_query", 1)
+    kv_heads = found[1] if found else heads
+    if heads % kv_heads:
+        field = found[0] if found else "num_attention_heads"
+        raise ConfigError(field, f"{kv_heads} KV heads do not divide {heads} heads")
+    explicit = _first(raw, "head_dim", "kv_channels")
+    head_dim = explicit[1] if explicit else hidden // heads
+    if not explicit and hidden % heads:
+        raise ConfigError("head_dim", f"missing, and {heads} heads do not divide {hidden}")
+    kind = "mqa" if kv_heads == 1 and heads > 1 else "mha" if kv_heads == heads else "gqa"
+    return kv_heads, head_dim, head_dim, kind
+
+
+def _max_positions(raw: dict[str, Any]) -> int | None:
     positions = [
         raw[key]
         for key in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length")
         if isinstance(raw.get(key), int) and raw[key] > 0
     ]
+    return min(positions) if positions else None
+
+
+def _experts_and_mla(raw: dict[str, Any]) -> dict[str, Any]:
+    """The MoE and MLA fields, 0 (or None) where the config has none."""
+    return {
+        "num_experts": int(raw.get("n_routed_experts") or raw.get("num_local_experts") or 0),
+        "moe_intermediate_size": int(raw.get("moe_intermediate_size") or 0),
+        "shared_experts": int(raw.get("n_shared_experts") or 0),
+        "dense_layers": int(raw.get("first_k_dense_replace") or 0),
+        "q_lora_rank": raw.get("q_lora_rank"),
+        "qk_nope_head_dim": int(raw.get("qk_nope_head_dim") or 0),
+        "kv_lora_rank": int(raw.get("kv_lora_rank") or 0),
+        "qk_rope_head_dim": int(raw.get("qk_rope_head_dim") or 0),
+        "mla_v_head_dim": int(raw.get("v_head_dim") or 0),
+    }
+
+
+def parse_config(raw: dict[str, Any], source: str = "config.json") -> ModelConfig:
+    """The planner's view of a parsed ``config.json``."""
+    raw = _language_model(raw)
+    num_layers = _need(raw, "num_hidden_layers", "num_layers", "n_layer", "n_layers")
+    heads = _need(raw, "num_attention_heads", "n_head", "num_heads")
+    hidden = _need(raw, "hidden_size", "n_embd", "d_model")
+    architectures = raw.get("architectures") or [""]
+    window, sliding_layers = _layers(raw, num_layers)
+    kv_heads, head_dim, v_dim, kind = _attention(raw, heads, hidden)
     intermediate = _first(raw, "intermediate_size", "ffn_hidden_size", "n_inner")
     vocab = _need(raw, "vocab_size", "padded_vocab_size")
     return ModelConfig(
         source=source,
-        model_type=model_type,
+        model_type=str(raw.get("model_type", "")),
         architecture=str(architectures[0]),
         num_layers=num_layers,
         num_attention_heads=heads,
@@ -221,21 +248,13 @@ def parse_config(raw: dict[str, Any], source: str = "config.json") -> ModelConfi
         hidden_size=hidden,
         intermediate_size=intermediate[1] if intermediate else 4 * hidden,
         vocab_size=vocab,
-        max_position_embeddings=min(positions) if positions else None,
+        max_position_embeddings=_max_positions(raw),
         dtype=_dtype(raw),
         sliding_window=window,
         sliding_layers=sliding_layers,
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         quant_bits=_quant_bits(raw),
-        num_experts=int(raw.get("n_routed_experts") or raw.get("num_local_experts") or 0),
-        moe_intermediate_size=int(raw.get("moe_intermediate_size") or 0),
-        shared_experts=int(raw.get("n_shared_experts") or 0),
-        dense_layers=int(raw.get("first_k_dense_replace") or 0),
-        q_lora_rank=raw.get("q_lora_rank"),
-        qk_nope_head_dim=int(raw.get("qk_nope_head_dim") or 0),
-        kv_lora_rank=int(raw.get("kv_lora_rank") or 0),
-        qk_rope_head_dim=int(raw.get("qk_rope_head_dim") or 0),
-        mla_v_head_dim=int(raw.get("v_head_dim") or 0),
+        **_experts_and_mla(raw),
     )
 
 

@@ -94,60 +94,82 @@ def _block_size(inputs: PlanInputs) -> tuple[int, list[str]]:
     return size, notes
 
 
+#: Each card's (weights held, reserve, KV pool) in bytes, where the pool's size came
+#: from, and whether that size is the engine's own figure rather than an estimate.
+_Pools = tuple[list[tuple[int, int, int]], str, bool]
+
+
+def _cpu_pools(inputs: PlanInputs, cards: list[Card], estimates: list[str]) -> _Pools:
+    space = inputs.cpu_kv_cache_space_gib
+    if space is None:
+        estimates.append(
+            f"VLLM_CPU_KVCACHE_SPACE not given: {DEFAULT_CPU_KV_SPACE_GIB} GiB assumed "
+            "(unset, vLLM sizes the cache from free memory)"
+        )
+        space = DEFAULT_CPU_KV_SPACE_GIB
+    if space < 1:
+        raise ConfigError("--cpu-kv-cache-space", "must be a whole number of GiB, at least 1")
+    pools = [(0, 0, space * GIB) for _ in cards]
+    source = f"VLLM_CPU_KVCACHE_SPACE={space} GiB per worker"
+    exact = inputs.cpu_kv_cache_space_gib is not None and inputs.config.attention != "mla"
+    return pools, source, exact
+
+
+def _gpu_pools(
+    inputs: PlanInputs, cards: list[Card], weights: Weights, dtype: str, estimates: list[str]
+) -> _Pools:
+    config, tp, pp = inputs.config, inputs.tensor_parallel_size, inputs.pipeline_parallel_size
+    # The advice sets --max-num-seqs to the sessions planned for; the sampler's share
+    # of the reserve follows it.
+    seqs = inputs.max_num_seqs or inputs.concurrency or DEFAULT_MAX_NUM_SEQS
+    pools = []
+    for card in cards:
+        held = card_weights(weights, card, config.num_layers, tp, pp)
+        if inputs.reserve_bytes is not None:
+            reserve = inputs.reserve_bytes
+        else:
+            reserve = reserve_bytes(config, tp, dtype, inputs.max_num_batched_tokens, seqs)
+        budget = int(inputs.gpu_memory_bytes * inputs.gpu_memory_utilization)
+        pools.append((held, reserve, budget - held - reserve))
+    source = (
+        f"{inputs.gpu_memory_bytes / GIB:.2f} GiB x {inputs.gpu_memory_utilization:g} "
+        "- weights - reserve, per GPU"
+    )
+    estimates.append(
+        "GPU pool: the activation/overhead reserve is an estimate (vLLM profiles it "
+        "at start-up); read the real figure with --from-engine"
+    )
+    return pools, source, False
+
+
+def _model_estimates(inputs: PlanInputs, weights: Weights, estimates: list[str]) -> None:
+    if not weights.exact and inputs.device == "cuda":
+        estimates.append("weights estimated from config.json (no checkpoint files given)")
+    if inputs.config.sliding_layers:
+        estimates.append(
+            "sliding-window layers: vLLM holds window + tokens in flight per request; "
+            f"tokens in flight taken as --max-num-batched-tokens {inputs.max_num_batched_tokens}"
+        )
+
+
 def make_plan(inputs: PlanInputs) -> Plan:
     """Everything the report and the advice are built from."""
     config = inputs.config
     if inputs.device not in ("cuda", "cpu"):
         raise ConfigError("--device", f"must be cuda or cpu, not {inputs.device!r}")
-    tp, pp = inputs.tensor_parallel_size, inputs.pipeline_parallel_size
     dtype = resolve_dtype(config, inputs.dtype)
     kv_dtype = resolve_kv_dtype(dtype, inputs.kv_cache_dtype)
-    cards = split_cards(config, kv_dtype, tp, pp)
+    cards = split_cards(
+        config, kv_dtype, inputs.tensor_parallel_size, inputs.pipeline_parallel_size
+    )
     weights = model_weights(config, inputs.model_dir)
     max_len = _max_model_len(inputs)
     block_size, estimates = _block_size(inputs)
-    # The advice sets --max-num-seqs to the sessions planned for; the sampler's share
-    # of the reserve follows it.
-    seqs = inputs.max_num_seqs or inputs.concurrency or DEFAULT_MAX_NUM_SEQS
     if inputs.device == "cpu":
-        space = inputs.cpu_kv_cache_space_gib
-        if space is None:
-            estimates.append(
-                f"VLLM_CPU_KVCACHE_SPACE not given: {DEFAULT_CPU_KV_SPACE_GIB} GiB assumed "
-                "(unset, vLLM sizes the cache from free memory)"
-            )
-            space = DEFAULT_CPU_KV_SPACE_GIB
-        if space < 1:
-            raise ConfigError("--cpu-kv-cache-space", "must be a whole number of GiB, at least 1")
-        pools = [(0, 0, space * GIB) for _ in cards]
-        source = f"VLLM_CPU_KVCACHE_SPACE={space} GiB per worker"
-        exact = inputs.cpu_kv_cache_space_gib is not None and config.attention != "mla"
+        pools, source, exact = _cpu_pools(inputs, cards, estimates)
     else:
-        pools = []
-        for card in cards:
-            held = card_weights(weights, card, config.num_layers, tp, pp)
-            if inputs.reserve_bytes is not None:
-                reserve = inputs.reserve_bytes
-            else:
-                reserve = reserve_bytes(config, tp, dtype, inputs.max_num_batched_tokens, seqs)
-            budget = int(inputs.gpu_memory_bytes * inputs.gpu_memory_utilization)
-            pools.append((held, reserve, budget - held - reserve))
-        source = (
-            f"{inputs.gpu_memory_bytes / GIB:.2f} GiB x {inputs.gpu_memory_utilization:g} "
-            "- weights - reserve, per GPU"
-        )
-        exact = False
-        estimates.append(
-            "GPU pool: the activation/overhead reserve is an estimate (vLLM profiles it "
-            "at start-up); read the real figure with --from-engine"
-        )
-    if not weights.exact and inputs.device == "cuda":
-        estimates.append("weights estimated from config.json (no checkpoint files given)")
-    if config.sliding_layers:
-        estimates.append(
-            "sliding-window layers: vLLM holds window + tokens in flight per request; "
-            f"tokens in flight taken as --max-num-batched-tokens {inputs.max_num_batched_tokens}"
-        )
+        pools, source, exact = _gpu_pools(inputs, cards, weights, dtype, estimates)
+    _model_estimates(inputs, weights, estimates)
     capacity = kv_capacity(
         config,
         cards,

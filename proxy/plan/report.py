@@ -26,26 +26,60 @@ def _gib(value: int | float) -> str:
     return f"{value / GIB:.2f} GiB"
 
 
+def _model_section(plan: Plan) -> dict[str, Any]:
+    config = plan.config
+    return {
+        "source": config.source,
+        "architecture": config.architecture,
+        "model_type": config.model_type,
+        "attention": config.attention,
+        "layers": config.num_layers,
+        "attention_heads": config.num_attention_heads,
+        "kv_heads": config.num_kv_heads,
+        "head_dim": config.head_dim,
+        "v_head_dim": config.v_head_dim,
+        "sliding_window": config.sliding_window,
+        "sliding_layers": config.sliding_layers,
+        "dtype": plan.dtype,
+        "kv_cache_dtype": plan.kv_dtype,
+    }
+
+
+def _gpus_section(plan: Plan) -> list[dict[str, Any]]:
+    return [
+        {
+            "index": row.card.index,
+            "layers": [row.card.first_layer, row.card.last_layer],
+            "kv_heads": row.card.kv_heads,
+            "kv_bytes_per_token": row.card.kv_bytes_per_token,
+            "weights_bytes": row.weights_bytes,
+            "reserve_bytes": row.reserve_bytes,
+            "kv_pool_bytes": row.pool_bytes,
+            "bytes_per_block": row.bytes_per_block,
+            "num_blocks": row.num_blocks,
+        }
+        for row in plan.capacity.cards
+    ]
+
+
+def _advice_section(plan: Plan) -> dict[str, Any]:
+    return {
+        "fits": fits(plan),
+        "exact": plan.capacity.exact,
+        "estimates": plan.estimates,
+        "recommended": recommended(plan),
+        "transformers_worker": fastchat_advice(plan),
+        "fallbacks": fallbacks(plan),
+        "avoid": AVOID,
+    }
+
+
 def plan_report(plan: Plan) -> dict[str, Any]:
-    config, cap, inputs = plan.config, plan.capacity, plan.inputs
+    cap, inputs = plan.capacity, plan.inputs
     budget = prompt_budget(plan)
     at_budget = cap.num_blocks / cdiv(max(1, budget + inputs.completion_reserve), cap.block_size)
     return {
-        "model": {
-            "source": config.source,
-            "architecture": config.architecture,
-            "model_type": config.model_type,
-            "attention": config.attention,
-            "layers": config.num_layers,
-            "attention_heads": config.num_attention_heads,
-            "kv_heads": config.num_kv_heads,
-            "head_dim": config.head_dim,
-            "v_head_dim": config.v_head_dim,
-            "sliding_window": config.sliding_window,
-            "sliding_layers": config.sliding_layers,
-            "dtype": plan.dtype,
-            "kv_cache_dtype": plan.kv_dtype,
-        },
+        "model": _model_section(plan),
         "device": inputs.device,
         "tensor_parallel_size": inputs.tensor_parallel_size,
         "pipeline_parallel_size": inputs.pipeline_parallel_size,
@@ -56,20 +90,7 @@ def plan_report(plan: Plan) -> dict[str, Any]:
             "source": plan.weights.source,
             "exact": plan.weights.exact,
         },
-        "gpus": [
-            {
-                "index": row.card.index,
-                "layers": [row.card.first_layer, row.card.last_layer],
-                "kv_heads": row.card.kv_heads,
-                "kv_bytes_per_token": row.card.kv_bytes_per_token,
-                "weights_bytes": row.weights_bytes,
-                "reserve_bytes": row.reserve_bytes,
-                "kv_pool_bytes": row.pool_bytes,
-                "bytes_per_block": row.bytes_per_block,
-                "num_blocks": row.num_blocks,
-            }
-            for row in cap.cards
-        ],
+        "gpus": _gpus_section(plan),
         "kv_pool_source": cap.pool_source,
         "block_size": cap.block_size,
         "num_blocks": cap.num_blocks,
@@ -81,13 +102,7 @@ def plan_report(plan: Plan) -> dict[str, Any]:
         "concurrency": plan.concurrency,
         "weights_fit": all(row.pool_bytes > 0 for row in cap.cards),
         "starts": cap.starts,
-        "fits": fits(plan),
-        "exact": cap.exact,
-        "estimates": plan.estimates,
-        "recommended": recommended(plan),
-        "transformers_worker": fastchat_advice(plan),
-        "fallbacks": fallbacks(plan),
-        "avoid": AVOID,
+        **_advice_section(plan),
     }
 
 

@@ -181,6 +181,11 @@ class Upstream:
 
     async def models(self) -> tuple[ServedModel, ...]:
         """The served models, from ``GET /v1/models``; cached, one request at a time."""
+        # Every request asks: the fresh list is read without a coroutine of Flight's
+        # (docs/performance.md §6).
+        known = self._models.fresh(None)
+        if known is not None:
+            return known
         return await self._models.get(None, self._served)
 
     async def _served(self) -> tuple[ServedModel, ...]:

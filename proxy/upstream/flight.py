@@ -25,6 +25,13 @@ class Flight(Generic[K, V]):
         self._values: dict[K, tuple[V, float]] = {}
         self._pending: dict[K, asyncio.Future[V]] = {}
 
+    def fresh(self, key: K) -> V | None:
+        """The cached value while fresh, else None; no coroutine (``get`` is one)."""
+        known = self._values.get(key)
+        if known is not None and known[1] > self._clock():
+            return known[0]
+        return None
+
     async def get(self, key: K, fetch: Callable[[], Awaitable[V]]) -> V:
         now = self._clock()
         known = self._values.get(key)
