@@ -101,7 +101,9 @@ def test_streamed_and_observed_in_the_metrics(
     )
     assert "".join(c.choices[0].text for c in chunks if c.choices)
     text = httpx.get(f"{proxy.url}/metrics").text
-    received = 'trimproxy_prompt_tokens_count{endpoint="completions",model="sim-model",stage="received"}'
+    received = (
+        'trimproxy_prompt_tokens_count{endpoint="completions",model="sim-model",stage="received"}'
+    )
     assert f"{received} 1.0" in text
 
 
