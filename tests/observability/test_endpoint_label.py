@@ -5,6 +5,7 @@ series, and each access line names its endpoint."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -75,13 +76,24 @@ def test_each_endpoint_has_its_own_series(proxy_server: Callable[..., ProxyProce
         assert m.value("trimproxy_upstream_ttfb_seconds_count", route=path) == 1
 
 
+def access_by_path(proxy: ProxyProcess, last: str) -> dict[str, dict[str, Any]]:
+    """The access lines by path, once ``last``'s is written: the line goes out after
+    the answer's last byte, so the client can read the answer before it is logged."""
+    deadline = time.monotonic() + 10.0
+    while True:
+        lines = [orjson.loads(ln) for ln in proxy.logs().splitlines() if ln.startswith("{")]
+        access = {ln["path"]: ln for ln in lines if ln["logger"] == "trimproxy.access"}
+        if last in access or time.monotonic() > deadline:
+            return access
+        time.sleep(0.05)
+
+
 def test_the_access_line_names_the_endpoint(proxy_server: Callable[..., ProxyProcess]) -> None:
     proxy = start(proxy_server)
     send_each(proxy.url)
     with httpx.Client(base_url=proxy.url, timeout=30.0) as client:
         assert client.get("/v1/models").status_code == 200  # relayed: no endpoint
-    lines = [orjson.loads(line) for line in proxy.logs().splitlines() if line.startswith("{")]
-    access = {line["path"]: line for line in lines if line["logger"] == "trimproxy.access"}
+    access = access_by_path(proxy, "/v1/models")
     for endpoint, path in ROUTES.items():
         assert access[path]["endpoint"] == endpoint, access[path]
         assert access[path]["messages_dropped"] > 0
