@@ -12,10 +12,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from proxy.admission import MESSAGES_ANSWER, RESPONSES_ANSWER
 from proxy.dependencies import services
 from proxy.dialects import anthropic_errors, messages, messages_chat, responses
 from proxy.dialects.conversation import Conversation
-from proxy.errors import ContextLengthExceeded, InvalidRequest, ProxyError
+from proxy.errors import InvalidRequest, ProxyError
 from proxy.forward import Outgoing, forward
 from proxy.logs import request_facts
 from proxy.prepare_dialect import Wire, prepare_conversation, wire
@@ -24,10 +25,12 @@ from proxy.routes import read_body
 from proxy.types import JSON_MEDIA_TYPE
 
 RESPONSES_PATH = "/v1/responses"
-MESSAGES_PATH = "/v1/messages"
+MESSAGES_PATH = anthropic_errors.MESSAGES_PATH
 
-RESPONSES = wire("responses", responses.to_chat, responses.render)
-MESSAGES = wire("messages", messages.to_chat, messages.render, messages_chat.chat_tools)
+RESPONSES = wire("responses", responses.to_chat, responses.render, RESPONSES_ANSWER)
+MESSAGES = wire(
+    "messages", messages.to_chat, messages.render, MESSAGES_ANSWER, messages_chat.chat_tools
+)
 
 
 async def _serve(request: Request, w: Wire, parse: Callable[[bytes], Conversation]) -> Response:
@@ -81,11 +84,8 @@ async def create_message(request: Request) -> Response:
 
 
 def anthropic_response(exc: ProxyError) -> Response:
-    message = exc.message
-    if isinstance(exc, ContextLengthExceeded) and exc.needed and exc.maximum:
-        message = anthropic_errors.too_long_message(exc.needed, exc.maximum)
     return Response(
-        anthropic_errors.envelope(exc.status, message),
+        anthropic_errors.error_body(exc),
         status_code=exc.status,
         media_type=JSON_MEDIA_TYPE,
         headers=exc.headers,

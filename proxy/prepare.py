@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 import orjson
 
 from proxy.admission.allowance import Allowance, allowance_for, capped_headers, with_allowance
+from proxy.admission.overrun import CHAT_ANSWER, AnswerShape
 from proxy.chat import ChatRequest, with_messages
 from proxy.dependencies import Services
 from proxy.errors import (
@@ -71,6 +72,10 @@ class Prepared:
     limits or session routing need it; None otherwise."""
     request: ChatRequest | None = None
     """The parsed request it was prepared from (the forward step reads its stream flags)."""
+    stream: bool = False
+    """The answer is streamed."""
+    shape: AnswerShape = CHAT_ANSWER
+    """How the answer shows its completion tokens (``proxy.admission.overrun``)."""
 
 
 async def model_series(svc: Services, model: str | None) -> ModelSeries:
@@ -357,4 +362,5 @@ async def prepare(
         series=metrics,
         session_key=ident.key if ident is not None else None,
         request=chat,
+        stream=chat.stream,
     )

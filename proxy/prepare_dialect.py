@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from proxy.admission.allowance import Allowance, capped_headers
+from proxy.admission.overrun import AnswerShape
 from proxy.dependencies import Services
 from proxy.dialects.conversation import Conversation
 from proxy.errors import context_length_exceeded
@@ -48,14 +49,18 @@ class Wire:
     to_chat: ToChat
     render: Render
     tools: Tools
+    answer: AnswerShape
+    """How its answers show their completion tokens (the overrun watch)."""
 
 
 def _tools(conv: Conversation, kept: Sequence[int]) -> list[JSONObject] | None:
     return conv.tools
 
 
-def wire(endpoint: str, to_chat: ToChat, render: Render, tools: Tools | None = None) -> Wire:
-    return Wire(endpoint, to_chat, render, tools or _tools)
+def wire(
+    endpoint: str, to_chat: ToChat, render: Render, answer: AnswerShape, tools: Tools | None = None
+) -> Wire:
+    return Wire(endpoint, to_chat, render, tools or _tools, answer)
 
 
 def _recount(svc: Services, w: Wire, conv: Conversation) -> Recount:
@@ -130,7 +135,8 @@ async def prepare_conversation(
         body=body, received_tokens=count.total, forwarded_tokens=result.tokens,
         dropped=dropped, trim_reason=reason, budget=budget, headers=out,
         session_id=facts.session_id, reserve=allowance.tokens, allowance=allowance,
-        series=metrics, session_key=ident.key if ident else None,
+        series=metrics, session_key=ident.key if ident else None, stream=conv.stream,
+        shape=w.answer,
     )  # fmt: skip
 
 
