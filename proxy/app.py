@@ -17,6 +17,8 @@ import proxy
 from proxy.chains.keeper import Keeper, build_keeper
 from proxy.dependencies import Services
 from proxy.dialect_routes import dialect_routes
+from proxy.dialects import anthropic_errors
+from proxy.dialects.anthropic_errors import speaks_anthropic
 from proxy.errors import ProxyError, envelope
 from proxy.fleet import Fleet, Gates
 from proxy.logs import setup_logging
@@ -235,21 +237,21 @@ async def _proxy_error(request: Request, exc: Exception) -> Response:
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:
+    path = request.url.path
     if exc.status_code == 404:
-        body = envelope(
-            f"No route {request.url.path}. The proxy serves /v1/* and /tokenize, "
+        message, code = (
+            f"No route {path}. The proxy serves /v1/* and /tokenize, "
             "and /healthz, /readyz, /metrics; /docs lists its routes.",
-            "invalid_request_error",
             "not_found",
         )
     elif exc.status_code == 405:
-        body = envelope(
-            f"{request.method} is not allowed on {request.url.path}.",
-            "invalid_request_error",
-            "method_not_allowed",
-        )
+        message, code = f"{request.method} is not allowed on {path}.", "method_not_allowed"
     else:
-        body = envelope(str(exc.detail), "invalid_request_error", "http_error")
+        message, code = str(exc.detail), "http_error"
+    if speaks_anthropic(path):  # an Anthropic client reads Anthropic's envelope
+        body = anthropic_errors.envelope(exc.status_code, message)
+    else:
+        body = envelope(message, "invalid_request_error", code)
     return Response(
         body, status_code=exc.status_code, media_type=JSON_MEDIA_TYPE, headers=exc.headers
     )

@@ -14,10 +14,11 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from proxy import response_chain
+from proxy.admission import MESSAGES_ANSWER, RESPONSES_ANSWER
 from proxy.dependencies import Services, services
 from proxy.dialects import anthropic_errors, completions, messages, messages_chat, responses
 from proxy.dialects.conversation import Conversation
-from proxy.errors import ContextLengthExceeded, InvalidRequest, ProxyError
+from proxy.errors import InvalidRequest, ProxyError
 from proxy.forward import Outgoing, forward
 from proxy.logs import RequestFacts, request_facts
 from proxy.prepare import Prepared, note_model
@@ -35,12 +36,14 @@ from proxy.sessions.identity import Identity
 from proxy.types import JSON_MEDIA_TYPE
 
 RESPONSES_PATH = "/v1/responses"
-MESSAGES_PATH = "/v1/messages"
+MESSAGES_PATH = anthropic_errors.MESSAGES_PATH
 COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
 COMPLETIONS_PATH = "/v1/completions"
 
-RESPONSES = wire("responses", responses.to_chat, responses.render)
-MESSAGES = wire("messages", messages.to_chat, messages.render, messages_chat.chat_tools)
+RESPONSES = wire("responses", responses.to_chat, responses.render, RESPONSES_ANSWER)
+MESSAGES = wire(
+    "messages", messages.to_chat, messages.render, MESSAGES_ANSWER, messages_chat.chat_tools
+)
 
 
 Prepare = Callable[
@@ -147,7 +150,8 @@ async def count_message_tokens(request: Request) -> Response:
         if not conv.model:
             raise InvalidRequest("'model' is required.", param="model")
         svc = svc.for_model(conv.model)
-        note_model(svc.settings.max_model_name_length, conv.model, request_facts(request))
+        facts = request_facts(request)
+        note_model(svc.settings.max_model_name_length, conv.model, facts, "messages")
         tokens = await input_tokens(svc, MESSAGES, conv)
     except ProxyError as exc:
         request_facts(request).error = exc.code
@@ -158,11 +162,8 @@ async def count_message_tokens(request: Request) -> Response:
 
 
 def anthropic_response(exc: ProxyError) -> Response:
-    message = exc.message
-    if isinstance(exc, ContextLengthExceeded) and exc.needed and exc.maximum:
-        message = anthropic_errors.too_long_message(exc.needed, exc.maximum)
     return Response(
-        anthropic_errors.envelope(exc.status, message),
+        anthropic_errors.error_body(exc),
         status_code=exc.status,
         media_type=JSON_MEDIA_TYPE,
         headers=exc.headers,

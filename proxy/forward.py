@@ -295,8 +295,8 @@ def _watch(
     if allowance is None or allowance.bounded or not reservation.charge:
         return
     request = prepared.request
-    stream = request is not None and request.stream
+    stream = prepared.stream
     usage = stream and request is not None and asks_usage(request.body)
-    sent.watch = AnswerWatch(gate, reservation, need, stream, usage)
+    sent.watch = AnswerWatch(gate, reservation, need, stream, usage, prepared.shape)
     if stream:
         sent.on_chunk = sent.watch.on_chunk

@@ -12,6 +12,8 @@ from urllib.parse import quote, unquote
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from proxy.dialects import anthropic_errors
+from proxy.dialects.anthropic_errors import speaks_anthropic
 from proxy.errors import InvalidApiKey, InvalidRequest, Overloaded, ProxyError
 from proxy.logs import (
     FACTS_KEY,
@@ -28,10 +30,12 @@ from proxy.types import JSON_MEDIA_TYPE
 _GUARDED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
 
 
-async def send_error(send: Send, error: ProxyError) -> None:
+async def send_error(send: Send, error: ProxyError, path: str) -> None:
+    """``error`` answered in the envelope of ``path``'s API (OpenAI's, or Anthropic's
+    on the Messages paths)."""
     headers = [(b"content-type", JSON_MEDIA_TYPE.encode())]
     headers.extend((k.lower().encode(), v.encode()) for k, v in error.headers.items())
-    body = error.body()
+    body = anthropic_errors.error_body(error) if speaks_anthropic(path) else error.body()
     headers.append((b"content-length", str(len(body)).encode()))
     await send({"type": "http.response.start", "status": error.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
@@ -145,7 +149,7 @@ class Accounting:
         try:
             if refused is not None:
                 facts.error = refused.code
-                await send_error(answer, refused)
+                await send_error(answer, refused, path)
             else:
                 await self.app(scope, receive_wrapper, answer)
         except RelayAborted as exc:
@@ -194,7 +198,7 @@ class ApiKeys:
         for key in self.keys:
             matched |= hmac.compare_digest(presented, key)
         if not matched:
-            await send_error(send, InvalidApiKey(_refusal(presented, scheme)))
+            await send_error(send, InvalidApiKey(_refusal(presented, scheme)), scope["path"])
             return
         await self.app(scope, receive, send)
 

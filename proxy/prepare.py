@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 import orjson
 
 from proxy.admission.allowance import Allowance, allowance_for, capped_headers, with_allowance
+from proxy.admission.overrun import CHAT_ANSWER, AnswerShape
 from proxy.chat import ChatRequest, with_messages
 from proxy.choices import Endpoint
 from proxy.dependencies import Services
@@ -81,6 +82,11 @@ class Prepared:
     def endpoint(self) -> Endpoint:
         """The API the prompt came in by (its series' ``endpoint`` label)."""
         return "chat" if self.series is None else self.series.endpoint
+
+    stream: bool = False
+    """The answer is streamed."""
+    shape: AnswerShape = CHAT_ANSWER
+    """How the answer shows its completion tokens (``proxy.admission.overrun``)."""
 
 
 async def model_series(
@@ -384,4 +390,5 @@ async def prepare(
         session_key=ident.key if ident is not None else None,
         request=chat,
         counted_in=counted_in,
+        stream=chat.stream,
     )

@@ -108,5 +108,5 @@ async def prepare_completion(
         trim_reason=None, budget=None if limit is None else limit.budget, headers=out,
         session_id=None, reserve=allowance.tokens,
         allowance=replace(allowance, n=allowance.n * prompts), series=metrics,
-        session_key=_route_key(svc, headers, conv), counted_in=counted_in,
+        session_key=_route_key(svc, headers, conv), counted_in=counted_in, stream=conv.stream,
     )  # fmt: skip

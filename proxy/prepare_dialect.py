@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from proxy.admission.allowance import Allowance, capped_headers
+from proxy.admission.overrun import AnswerShape
 from proxy.choices import Endpoint
 from proxy.dependencies import Services
 from proxy.dialects.conversation import Conversation
@@ -52,14 +53,22 @@ class Wire:
     to_chat: ToChat
     render: Render
     tools: Tools
+    answer: AnswerShape
+    """How its answers show their completion tokens (the overrun watch)."""
 
 
 def _tools(conv: Conversation, kept: Sequence[int]) -> list[JSONObject] | None:
     return conv.tools
 
 
-def wire(endpoint: Endpoint, to_chat: ToChat, render: Render, tools: Tools | None = None) -> Wire:
-    return Wire(endpoint, to_chat, render, tools or _tools)
+def wire(
+    endpoint: Endpoint,
+    to_chat: ToChat,
+    render: Render,
+    answer: AnswerShape,
+    tools: Tools | None = None,
+) -> Wire:
+    return Wire(endpoint, to_chat, render, tools or _tools, answer)
 
 
 def _recount(svc: Services, w: Wire, conv: Conversation) -> Recount:
@@ -151,8 +160,8 @@ async def prepare_conversation(
         body=body, received_tokens=count.total, forwarded_tokens=result.tokens,
         dropped=dropped, trim_reason=reason, budget=budget, headers=out,
         session_id=facts.session_id, reserve=allowance.tokens, allowance=allowance,
-        series=metrics, session_key=ident.key if ident else None,
-        counted_in=counted_in,
+        series=metrics, session_key=ident.key if ident else None, stream=conv.stream,
+        shape=w.answer, counted_in=counted_in,
     )  # fmt: skip
 
 

@@ -20,6 +20,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy.chat import parse_chat
 from proxy.dependencies import Services, services
+from proxy.dialects import anthropic_errors
+from proxy.dialects.anthropic_errors import speaks_anthropic
 from proxy.engines.engine import Engine
 from proxy.errors import (
     ClientClosedRequest,
@@ -126,11 +128,12 @@ async def chat_completions(request: Request) -> Response:
 
 
 def error_response(request: Request, exc: ProxyError) -> Response:
-    """The OpenAI error envelope of ``exc``; the access line is told its code."""
+    """``exc`` in the envelope of the path's API (OpenAI's; Anthropic's on the Messages
+    paths); the access line is told its code."""
     request_facts(request).error = exc.code
-    return Response(
-        exc.body(), status_code=exc.status, media_type=JSON_MEDIA_TYPE, headers=exc.headers
-    )
+    path = request.scope["path"]
+    body = anthropic_errors.error_body(exc) if speaks_anthropic(path) else exc.body()
+    return Response(body, status_code=exc.status, media_type=JSON_MEDIA_TYPE, headers=exc.headers)
 
 
 class ChatRoute:

@@ -22,13 +22,24 @@ from proxy.admission.ledger import (
     Reservation,
 )
 from proxy.admission.need import Need
-from proxy.admission.overrun import AnswerWatch, asks_usage
+from proxy.admission.overrun import (
+    CHAT_ANSWER,
+    MESSAGES_ANSWER,
+    RESPONSES_ANSWER,
+    AnswerShape,
+    AnswerWatch,
+    asks_usage,
+)
 from proxy.metrics import Metrics
 from proxy.settings import Settings
 
 __all__ = [
+    "CHAT_ANSWER",
+    "MESSAGES_ANSWER",
+    "RESPONSES_ANSWER",
     "WAIT_HEADER",
     "AdmissionTimeout",
+    "AnswerShape",
     "AnswerWatch",
     "Capacity",
     "EngineCache",

@@ -3,11 +3,19 @@
 ``{"type": "error", "error": {"type", "message"}}``, the type from the HTTP status as
 Anthropic's API reference lists them (400 and every unlisted 4xx
 ``invalid_request_error``; 503 as ``overloaded_error``, which clients retry like 529).
+Every answer the proxy itself gives on an Anthropic path (``speaks_anthropic``) is in
+it: the route's own, and those of the middleware in front of every route (a refused
+key, the in-flight limit, a refused path), so an Anthropic client reads them all.
 """
 
 from __future__ import annotations
 
 import orjson
+
+from proxy.errors import ContextLengthExceeded, ProxyError
+
+#: The Messages API's paths: ``/v1/messages`` and everything under it.
+MESSAGES_PATH = "/v1/messages"
 
 _TYPES = {
     400: "invalid_request_error",
@@ -46,3 +54,17 @@ def too_long_message(tokens: int, maximum: int) -> str:
     """Anthropic's wording for a prompt over the context window, which agent clients
     match (Claude Code compacts the conversation on it)."""
     return f"prompt is too long: {tokens} tokens > {maximum} maximum"
+
+
+def speaks_anthropic(path: str) -> bool:
+    """Whether ``path`` (in normal form) is one of the Messages API's."""
+    return path == MESSAGES_PATH or path.startswith(MESSAGES_PATH + "/")
+
+
+def error_body(exc: ProxyError) -> bytes:
+    """``exc`` in Anthropic's envelope; a prompt over the window in the wording agent
+    clients act on."""
+    message = exc.message
+    if isinstance(exc, ContextLengthExceeded) and exc.needed and exc.maximum:
+        message = too_long_message(exc.needed, exc.maximum)
+    return envelope(exc.status, message)

@@ -42,6 +42,9 @@ VLLM_MAX_MODEL_LEN = 2048
 #: cores a busy engine otherwise left the proxy under test unscheduled for seconds,
 #: and a disconnect reached the engine late (``processes.yield_cpu``).
 ENGINE_NICE = 10
+#: Seconds an engine may take to answer /health: 45 s on a quiet machine, past 600 s
+#: at a load average of 14 on two cores (benchmarks beside the tests).
+ENGINE_START_TIMEOUT = 1500.0
 
 
 @dataclass(frozen=True)
@@ -150,6 +153,7 @@ def vllm_stack() -> Iterator[VllmStack]:
         api_key=VLLM_API_KEY,
         max_model_len=VLLM_MAX_MODEL_LEN,
         nice=ENGINE_NICE,
+        startup_timeout=ENGINE_START_TIMEOUT,
     ) as stack:
         print(f"\nvLLM engine up: ready {stack.timings.ready:.1f}s")
         yield stack

@@ -1,0 +1,335 @@
+"""The tool-using conversations and a coding agent's request in front of a real vLLM
+engine, through the official SDKs.
+
+They need an engine of their own (``agent_engine``, started for this module): the
+session's model (``vllm_stack``) has a FastChat-parity template that refuses a
+``tool`` message and renders no tools, and a 2,048 window. This one is the same
+weights with a ChatML template that renders tools and tool messages (as Qwen's and
+Hermes' do), a window of 8,192 (its KV cache holds 10,240 tokens), and vLLM's auto
+tool choice on (``--enable-auto-tool-choice --tool-call-parser hermes``), which a
+Messages request with tools needs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx
+import pytest
+
+from tests.e2e.conftest import ENGINE_NICE, ENGINE_START_TIMEOUT, VLLM_API_KEY
+from tests.support.dialect_clients import (
+    MAX_TOKENS,
+    anthropic_input,
+    head,
+    messages_turn,
+    prose,
+    responses_turn,
+)
+from tests.support.processes import ProxyProcess
+from tests.support.tiny_model import MODEL_NAME
+from tests.support.vllm_stack import VllmStack, build_vllm_model
+
+pytestmark = pytest.mark.vllm
+
+AGENT_WINDOW = 8192
+#: ChatML with tools, as Qwen's and Hermes' templates render them: the tools in the
+#: system message, calls in the assistant message, results as ``tool`` messages.
+AGENT_TEMPLATE = (
+    "{%- if messages and messages[0]['role'] == 'system' -%}"
+    "{%- set system = messages[0]['content'] -%}{%- set rest = messages[1:] -%}"
+    "{%- else -%}{%- set system = 'You are a helpful assistant.' -%}"
+    "{%- set rest = messages -%}{%- endif -%}"
+    "{{- '<|im_start|>system\\n' + system -}}"
+    "{%- if tools -%}{{- '\\n\\n# Tools\\n<tools>' -}}"
+    "{%- for tool in tools -%}{{- '\\n' + (tool | tojson) -}}{%- endfor -%}"
+    "{{- '\\n</tools>' -}}{%- endif -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- for message in rest -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
+    "{%- if message['content'] is string -%}{{- message['content'] -}}{%- endif -%}"
+    "{%- for call in message.get('tool_calls') or [] -%}"
+    "{{- '\\n<tool_call>\\n{\"name\": \"' + call['function']['name'] + '\", \"arguments\": ' -}}"
+    "{{- call['function']['arguments'] | tojson -}}{{- '}\\n</tool_call>' -}}"
+    "{%- endfor -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+
+def _agent_model(folder: Path) -> Path:
+    """The session model's weights with the agent template and an 8,192 window."""
+    source = build_vllm_model()
+    target = folder / MODEL_NAME
+    shutil.copytree(source, target)
+    config = json.loads((target / "config.json").read_text())
+    config["max_position_embeddings"] = AGENT_WINDOW
+    (target / "config.json").write_text(json.dumps(config))
+    tokenizer = json.loads((target / "tokenizer_config.json").read_text())
+    tokenizer.update(chat_template=AGENT_TEMPLATE, model_max_length=AGENT_WINDOW)
+    (target / "tokenizer_config.json").write_text(json.dumps(tokenizer))
+    return target
+
+
+@pytest.fixture(scope="module")
+def agent_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmStack]:
+    model = _agent_model(tmp_path_factory.mktemp("agent-model"))
+    with VllmStack(
+        model,
+        api_key=VLLM_API_KEY,
+        max_model_len=AGENT_WINDOW,
+        kv_blocks=(AGENT_WINDOW + 2048) // 32,
+        extra_args=("--enable-auto-tool-choice", "--tool-call-parser", "hermes"),
+        nice=ENGINE_NICE,
+        startup_timeout=ENGINE_START_TIMEOUT,
+    ) as engine:
+        print(f"\nagent engine up: ready {engine.timings.ready:.1f}s")
+        yield engine
+
+
+@pytest.fixture
+def agent_proxy(agent_engine: VllmStack) -> Iterator[Any]:
+    started: list[ProxyProcess] = []
+
+    def start(**settings: Any) -> ProxyProcess:
+        merged = {
+            "upstream_url": agent_engine.base_url,
+            "upstream_api_key": VLLM_API_KEY,
+            "tokenizer": f"hf:{agent_engine.model_dir}",
+            **settings,
+        }
+        proxy = ProxyProcess(settings=merged, startup_timeout=120.0)
+        started.append(proxy)
+        return proxy.start()
+
+    yield start
+    for proxy in started:
+        proxy.stop()
+
+
+TOOL_TURNS = 12
+#: Items (Responses) or messages (Messages) of one tool-using turn: the question, the
+#: call, its result, the answer.
+TURN_SIZE = 4
+
+
+def _responses_tool_turn(t: int) -> list[dict[str, Any]]:
+    call_id = f"call_{t}"
+    return [
+        {"role": "user", "content": f"Turn {t}: look up {prose(t, 30)}"},
+        {
+            "type": "function_call",
+            "call_id": call_id,
+            "name": "lookup",
+            "arguments": json.dumps({"query": prose(100 + t, 8)}),
+        },
+        {"type": "function_call_output", "call_id": call_id, "output": prose(200 + t, 40)},
+        {"role": "assistant", "content": f"Found {t}: {prose(300 + t, 15)}."},
+    ]
+
+
+def _messages_tool_turn(t: int) -> list[dict[str, Any]]:
+    use_id = f"toolu_{t}"
+    return [
+        {"role": "user", "content": f"Turn {t}: look up {prose(t, 30)}"},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "Looking it up."},
+                {
+                    "type": "tool_use",
+                    "id": use_id,
+                    "name": "lookup",
+                    "input": {"query": prose(100 + t, 8)},
+                },
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": use_id, "content": prose(200 + t, 40)}
+            ],
+        },
+        {"role": "assistant", "content": f"Found {t}: {prose(300 + t, 15)}."},
+    ]
+
+
+LOOKUP = {
+    "name": "lookup",
+    "description": "Look a phrase up in the project's notes.",
+    "parameters": {
+        "type": "object",
+        "properties": {"query": {"type": "string"}},
+        "required": ["query"],
+    },
+}
+
+
+@pytest.mark.parametrize("dialect", ["responses", "messages"])
+def test_a_trimmed_tool_conversation_keeps_its_pairs(
+    agent_engine: VllmStack, agent_proxy: Any, dialect: str
+) -> None:
+    """Each turn a question, a call, its result and an answer; past the budget whole
+    turns go, never a call without its result: the proxy's count of what it kept is
+    the engine's count of the client's history from the first kept turn on."""
+    budget = 700
+    proxy = agent_proxy(max_prompt_tokens=budget)
+    system = "You answer with the lookup tool."
+    history: list[dict[str, Any]] = []
+    trimmed = []
+    for t in range(1, TOOL_TURNS + 1):
+        turn = _responses_tool_turn(t) if dialect == "responses" else _messages_tool_turn(t)
+        if dialect == "responses":
+            tools = [{"type": "function", **LOOKUP}]
+            send = history + turn[:1]
+            forwarded, dropped, engine = responses_turn(
+                proxy.url, system, send, t % 2 == 0, tools=tools
+            )
+        else:
+            tools = [
+                {
+                    "name": LOOKUP["name"],
+                    "description": LOOKUP["description"],
+                    "input_schema": LOOKUP["parameters"],
+                }
+            ]
+            send = history + turn[:1]
+            forwarded, dropped, engine = messages_turn(
+                proxy.url, system, send, t % 2 == 0, tools=tools
+            )
+        assert (forwarded, forwarded <= budget) == (engine, True), (t, forwarded, engine)
+        assert dropped % TURN_SIZE == 0, (t, dropped)  # whole turns only
+        if dropped:
+            # The engine, asked directly, counts the same prompt for the kept turns.
+            direct = _direct(agent_engine, dialect, system, send[dropped:], tools)
+            assert direct == forwarded, (t, dropped, direct, forwarded)
+        trimmed.append(dropped)
+        history += turn
+    assert max(trimmed) >= TURN_SIZE, trimmed
+    print(f"\n{dialect} tool turns: items dropped per turn {trimmed}")
+
+
+def _direct(engine: VllmStack, dialect: str, system: str, items: list[Any], tools: Any) -> int:
+    headers = engine.headers()
+    if dialect == "responses":
+        body = {
+            "model": MODEL_NAME,
+            "instructions": system,
+            "input": items,
+            "tools": tools,
+            "store": False,
+            "max_output_tokens": MAX_TOKENS,
+        }
+        answer = httpx.post(
+            f"{engine.api_base}/responses", json=body, headers=headers, timeout=120
+        ).json()
+        return int(answer["usage"]["input_tokens"])
+    body = {
+        "model": MODEL_NAME,
+        "system": system,
+        "messages": items,
+        "tools": tools,
+        "max_tokens": MAX_TOKENS,
+    }
+    answer = httpx.post(
+        f"{engine.api_base}/messages", json=body, headers=headers, timeout=120
+    ).json()
+    usage = answer["usage"]
+    return int(usage["input_tokens"]) + int(usage.get("cache_read_input_tokens") or 0)
+
+
+AGENT_CAP = 1024
+AGENT_TOOLS = 24
+
+
+def _agent_tools() -> list[dict[str, Any]]:
+    return [
+        {
+            "name": f"tool_{i}",
+            "description": f"Tool {i}: {prose(500 + i, 12)}.",
+            "input_schema": {
+                "type": "object",
+                "properties": {
+                    "path": {"type": "string", "description": prose(600 + i, 4)},
+                    "limit": {"type": "integer", "description": prose(700 + i, 4)},
+                },
+                "required": ["path"],
+            },
+        }
+        for i in range(AGENT_TOOLS)
+    ]
+
+
+def _agent_history(turns: int) -> list[dict[str, Any]]:
+    history: list[dict[str, Any]] = []
+    for t in range(1, turns + 1):
+        history += [
+            {"role": "user", "content": f"Step {t}: {prose(800 + t, 60)}"},
+            {"role": "assistant", "content": f"Done {t}: {prose(900 + t, 40)}."},
+        ]
+    return [*history, {"role": "user", "content": "Next step, please."}]
+
+
+def test_a_coding_agents_request_is_served_on_an_8k_engine(
+    agent_engine: VllmStack, agent_proxy: Any
+) -> None:
+    """A 75 kB system prompt, 24 tools and ``max_tokens`` 32,000, as a coding agent
+    sends them, with TRIMPROXY_MAX_COMPLETION_TOKENS set.
+
+    The tiny model's tokenizer (4,096 entries) makes 75 kB of prose far more tokens
+    than the 8,192 window: that system prompt can never fit, and the answer is the
+    400 agent clients act on. The same request with the system prompt cut to what
+    fits beside the tools (and 30 turns of history past the window) is trimmed and
+    served: 200, the answer capped. (The tools' descriptions are shorter than a real
+    agent's: their JSON alone costs this tokenizer ~200 tokens a tool.)
+    """
+    proxy = agent_proxy(max_completion_tokens=AGENT_CAP)
+    client = anthropic.Anthropic(base_url=proxy.url, api_key="unused", max_retries=0)
+    system = prose(75, 16_000)[: 75 * 1024]
+    request: dict[str, Any] = {
+        "model": MODEL_NAME,
+        "system": system,
+        "tools": _agent_tools(),
+        "messages": _agent_history(30),
+        "max_tokens": 32_000,
+    }
+    # Streamed, as agents send it (the SDK streams any request this long).
+    with pytest.raises(anthropic.BadRequestError) as refused, client.messages.stream(**request):
+        pass
+    error = refused.value.body["error"]  # type: ignore[index]
+    found = re.fullmatch(r"prompt is too long: (\d+) tokens > (\d+) maximum", error["message"])
+    assert error["type"] == "invalid_request_error" and found, error
+    needed, maximum = int(found[1]), int(found[2])
+    # The budget: the window less the capped answer and one token of slack (budget_of).
+    budget = AGENT_WINDOW - AGENT_CAP - 1
+    assert needed > maximum == budget, (needed, maximum)
+    # What fits: the system prompt cut to its first 1,500 tokens; the 24 tools take
+    # about 5,000 more (their JSON costs this 4,096-entry tokenizer ~200 tokens each).
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(agent_engine.model_dir / "tokenizer.json"))
+    encoded = tokenizer.encode(system)
+    system_tokens = len(encoded.ids)
+    request["system"] = system[: encoded.offsets[1500][0]]
+    with client.messages.stream(**request) as streamed:
+        headers = streamed.response.headers
+        message = streamed.get_final_message()
+    client.close()
+    forwarded, dropped = head(headers)
+    assert forwarded == anthropic_input(message.usage)
+    assert forwarded <= budget and dropped > 0, (forwarded, dropped)
+    assert message.usage.output_tokens <= AGENT_CAP
+    assert headers["x-trimproxy-max-tokens-capped"] == "32000", headers
+    print(
+        f"\nagent request: 75 kB system ({system_tokens} tokens alone) = {needed} tokens "
+        f"> {maximum}: 400; "
+        f"{len(request['system']) / 1024:.1f} kB system + {AGENT_TOOLS} tools + 30 turns: "
+        f"200, {forwarded} tokens forwarded, {dropped} messages dropped"
+    )
