@@ -73,6 +73,8 @@ class Prepared:
     limits or session routing need it; None otherwise."""
     request: ChatRequest | None = None
     """The parsed request it was prepared from (the forward step reads its stream flags)."""
+    streams: bool = False
+    """A dialect's request that asks for a stream (chat's ``request`` says so itself)."""
     counted_in: float = 0.0
     """Seconds the count and the recounts took (the engine's ``/tokenize``, where it counts):
     the forward's wait for the answer gets what is left of the read timeout."""

@@ -152,7 +152,7 @@ async def prepare_conversation(
         dropped=dropped, trim_reason=reason, budget=budget, headers=out,
         session_id=facts.session_id, reserve=allowance.tokens, allowance=allowance,
         series=metrics, session_key=ident.key if ident else None,
-        counted_in=counted_in,
+        streams=conv.stream, counted_in=counted_in,
     )  # fmt: skip
 
 
