@@ -1,4 +1,4 @@
-"""Continuing a streamed chat answer whose engine broke off (docs/architecture.md §23).
+"""Continuing a streamed answer whose engine broke off (docs/architecture.md §23).
 
 While a continuable stream is relayed, ``SoFar`` keeps its bytes (a list append per
 chunk) and notices the engine's own error event. When the stream breaks before its
@@ -12,6 +12,8 @@ makes the new engine's events part of the same answer: the first answer's head, 
 second role delta, usage that counts the prompt once and both parts' completion
 tokens. ``Continuation`` ties these together for the relay; moving the answer to the
 next engine (its reservation, the session) is the forward step's (``proxy.forward``).
+These three make chat's ``Form``; the Responses dialect has its own
+(``proxy.continuation_responses``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 import aiohttp
 import orjson
@@ -78,9 +80,9 @@ class SoFar:
 
     __slots__ = ("chunks", "part", "then")
 
-    def __init__(self, then: Callable[[bytes], None] | None) -> None:
+    def __init__(self, then: Callable[[bytes], None] | None, part: Partial | None = None) -> None:
         self.chunks: list[bytes] = []
-        self.part = Partial()
+        self.part = Partial() if part is None else part
         self.then = then
 
     def on_chunk(self, chunk: bytes) -> None:
@@ -112,7 +114,7 @@ class SoFar:
         return self.part
 
 
-def _events(data: bytes) -> list[bytes]:
+def events_of(data: bytes) -> list[bytes]:
     """The payloads of the ``data:`` lines of whole SSE events."""
     out = []
     for event in data.split(b"\n\n"):
@@ -139,7 +141,7 @@ class Partial:
     """Why it cannot be continued (a word for the log), None when it can."""
 
     @classmethod
-    def read(cls, data: bytes) -> Partial:
+    def read(cls, data: bytes) -> Self:
         """The whole of what was sent, which must end with a whole event."""
         part = cls()
         part.feed(data)
@@ -158,7 +160,7 @@ class Partial:
 
     def feed(self, data: bytes) -> None:
         """Whole events (a trailing part of one is left out)."""
-        for payload in _events(data[: data.rfind(b"\n\n") + 2]):
+        for payload in events_of(data[: data.rfind(b"\n\n") + 2]):
             if payload == _DONE:
                 self.finished = True
                 continue
@@ -218,18 +220,17 @@ def continued_body(body: bytes, text: str, tokens: int) -> bytes | None:
     return orjson.dumps(request)
 
 
-class Reframe:
-    """The continuation's events as part of the first answer (see the module's
-    docstring); fed the new engine's chunks, gives the bytes to relay."""
+class Reframing:
+    """Fed the new engine's chunks, gives the bytes to relay: its whole events, each
+    re-framed by ``_event`` (a dialect's), up to an error event of the engine's."""
 
-    __slots__ = ("_buffer", "_head", "_opened", "_tokens")
+    __slots__ = ("_buffer",)
 
-    def __init__(self, part: Partial) -> None:
-        self._head = part.head
-        self._tokens = part.tokens
+    def __init__(self) -> None:
         self._buffer = b""
-        # The client had the answer's opening event: the new engine's is dropped.
-        self._opened = bool(part.head)
+
+    def _event(self, event: bytes) -> bytes:
+        raise NotImplementedError
 
     def __call__(self, chunk: bytes) -> bytes:
         data = self._buffer + chunk
@@ -249,8 +250,22 @@ class Reframe:
                 out.append(framed)
         return b"".join(out)
 
+
+class Reframe(Reframing):
+    """Chat's continuation events as part of the first answer (see the module's
+    docstring)."""
+
+    __slots__ = ("_head", "_opened", "_tokens")
+
+    def __init__(self, part: Partial) -> None:
+        super().__init__()
+        self._head = part.head
+        self._tokens = part.tokens
+        # The client had the answer's opening event: the new engine's is dropped.
+        self._opened = bool(part.head)
+
     def _event(self, event: bytes) -> bytes:
-        payload = b"".join(_events(event + b"\n\n"))
+        payload = b"".join(events_of(event + b"\n\n"))
         if not payload:
             return b""  # a comment or a keep-alive of the new engine
         if payload == _DONE:
@@ -274,6 +289,21 @@ class Reframe:
         return b"data: " + orjson.dumps(chunk) + b"\n\n"
 
 
+@dataclass(frozen=True, slots=True)
+class Form:
+    """A dialect's continuation form: how its stream is read (``partial``), its request
+    sent again with the answer so far (``body``: None when its output bound is spent),
+    and the new engine's events made part of the first answer (``reframe``)."""
+
+    partial: Callable[[], Partial]
+    body: Callable[[bytes, Partial], bytes | None]
+    reframe: Callable[[Partial], Reframing]
+
+
+#: Chat Completions' form: ``continue_final_message``.
+CHAT = Form(Partial, lambda body, part: continued_body(body, part.text, part.tokens), Reframe)
+
+
 #: Moves the answer to the next engine with this body: the new response and the
 #: engine's label, or why no engine can take it (the forward step's).
 Move = Callable[[bytes], Awaitable[tuple[aiohttp.ClientResponse, str] | str]]
@@ -290,14 +320,16 @@ class Continuation:
         so_far: SoFar,
         metrics: Metrics,
         facts: RequestFacts,
+        form: Form = CHAT,
     ) -> None:
+        self.form = form
         self.body = body
         self.left = attempts
         self.move = move
         self.so_far = so_far
         self.metrics = metrics
         self.facts = facts
-        self.reframe: Reframe | None = None
+        self.reframe: Reframing | None = None
 
     async def resume(self, exc: BaseException) -> tuple[aiohttp.ClientResponse, bytes] | None:
         """The next engine's stream of the rest of the answer, and the SSE comment that
@@ -309,7 +341,7 @@ class Continuation:
             why = "no attempts left (TRIMPROXY_CONTINUE_ATTEMPTS)"
         if why is None and part.finished:
             why = "the answer had ended"
-        body = None if why is not None else continued_body(self.body, part.text, part.tokens)
+        body = None if why is not None else self.form.body(self.body, part)
         if why is None and body is None:
             why = "max_tokens spent"
         moved = why if body is None else await self.move(body)
@@ -318,7 +350,7 @@ class Continuation:
             return None
         self.left -= 1
         response, label = moved
-        self.reframe = Reframe(part)
+        self.reframe = self.form.reframe(part)
         self.metrics.answers_continued.labels(reason).inc()
         step = f"{reason}@{label}"
         before = self.facts.continued

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 import aiohttp
 
 from proxy.admission import AnswerWatch, KvAdmission, Need, Reservation, asks_usage, wait_header
-from proxy.continuation import Continuation, SoFar
+from proxy.continuation import CHAT, Continuation, Form, SoFar
+from proxy.continuation_responses import RESPONSES_FORM
 from proxy.dependencies import Services
 from proxy.engines.engine import Engine
 from proxy.errors import ProxyError
@@ -41,7 +42,8 @@ from proxy.tokens import estimate_error
 from proxy.upstream import unanswered
 from proxy.upstream.failover import failover
 
-_CHAT_PATH = "/v1/chat/completions"
+#: The routes whose streamed answers go on on another engine, and their forms.
+_FORMS = {"/v1/chat/completions": CHAT, "/v1/responses": RESPONSES_FORM}
 
 
 @dataclass(slots=True)
@@ -78,7 +80,7 @@ class Sent:
     started: float = 0.0
     """``perf_counter()`` when it was forwarded (the TTFB clock)."""
     continuation: Continuation | None = None
-    """A streamed chat answer that may go on on another engine (``proxy.continuation``)."""
+    """A streamed answer that may go on on another engine (``proxy.continuation``)."""
     _done: bool = False
 
     @property
@@ -204,23 +206,28 @@ async def _send_routed(
     sent, engine = await failover(order, attempt, unanswered)
     if engine is not order[0]:
         upstream.router.retried(key, engine)
-    if _continuable(svc, out, prepared, sent):
-        _continue_on(svc, out, prepared, sent, attempt)
+    form = _continuable(svc, out, prepared, sent)
+    if form is not None:
+        _continue_on(svc, out, prepared, sent, attempt, form)
     return sent
 
 
-def _continuable(svc: Services, out: Outgoing, prepared: Prepared, sent: Sent) -> bool:
-    """A streamed chat answer of one choice without logprobs, with another engine to
-    go on on (docs/architecture.md §23)."""
-    request = prepared.request
-    if request is None or not request.stream or request.n != 1 or out.body is None:
-        return False
+def _continuable(svc: Services, out: Outgoing, prepared: Prepared, sent: Sent) -> Form | None:
+    """The continuation form of a streamed answer that has another engine to go on
+    on: chat's of one choice without logprobs, or the Responses dialect's (whose
+    stream says what it holds, ``ResponsesPartial``) (docs/architecture.md §23)."""
+    form = _FORMS.get(out.path)
+    if form is None or out.body is None or sent.response.status != 200:
+        return None
     if svc.settings.continue_attempts < 1 or len(svc.upstream.engines.all()) < 2:
-        return False
+        return None
+    request = prepared.request
+    if form is not CHAT:
+        return form if prepared.stream else None
+    if request is None or not request.stream or request.n != 1:
+        return None
     body = request.body
-    if body.get("logprobs") or body.get("top_logprobs"):
-        return False
-    return out.path == _CHAT_PATH and sent.response.status == 200
+    return None if body.get("logprobs") or body.get("top_logprobs") else form
 
 
 def _continue_on(
@@ -229,13 +236,14 @@ def _continue_on(
     prepared: Prepared,
     sent: Sent,
     attempt: Callable[[Engine, bytes], Awaitable[Sent]],
+    form: Form,
 ) -> None:
     """Make ``sent`` continuable: its chunks kept, and the move to the next engine."""
     upstream = svc.upstream
     key = prepared.session_key
     model = prepared.request.model if prepared.request is not None else None
     tried: list[Engine] = [] if sent.engine is None else [sent.engine]
-    so_far = SoFar(sent.on_chunk)
+    so_far = SoFar(sent.on_chunk, form.partial())
 
     async def move(body: bytes) -> tuple[aiohttp.ClientResponse, str] | str:
         if not await _continues_chat(svc, model):
@@ -269,8 +277,9 @@ def _continue_on(
 
     assert sent.facts is not None
     sent.continuation = Continuation(
-        out.body or b"", svc.settings.continue_attempts, move, so_far, svc.metrics, sent.facts
-    )
+        out.body or b"", svc.settings.continue_attempts, move, so_far, svc.metrics, sent.facts,
+        form,
+    )  # fmt: skip
     sent.on_chunk = so_far.on_chunk
 
 

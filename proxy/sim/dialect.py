@@ -131,11 +131,18 @@ def continued_tokens(dialect: Dialect, cfg: SimConfig, payload: dict[str, Any]) 
     text = last.get("content") if last.get("role") == "assistant" else None
     if not isinstance(text, str):
         raise dialect.invalid(cfg, "continue_final_message: the last message is not an assistant's")
+    return words_in(text)
+
+
+def words_in(text: str, stripped: bool = False) -> int:
+    """How many of the sim's words ``text`` holds, the answer so far (0 when it is not
+    the start of the sim's answer); ``stripped``: the first word without its leading
+    space, as the Responses route writes it."""
     done, count = "", 0
-    while len(done) < len(text):
+    while len(done.lstrip() if stripped else done) < len(text):
         done += _WORDS[count % len(_WORDS)]
         count += 1
-    return count if done == text else 0
+    return count if (done.lstrip() if stripped else done) == text else 0
 
 
 def new_chat_id() -> str:

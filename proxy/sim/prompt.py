@@ -33,13 +33,16 @@ def validation_error(
     return dialect.error(cfg, 400, text, kind="BadRequestError", param=param)
 
 
-def count(cfg: SimConfig, messages: list[dict[str, Any]]) -> tuple[int, list[int] | None]:
-    """The prompt's tokens, and its ids when the prefix cache needs them (as chat)."""
+def count(
+    cfg: SimConfig, messages: list[dict[str, Any]], continues: bool = False
+) -> tuple[int, list[int] | None]:
+    """The prompt's tokens, and its ids when the prefix cache needs them (as chat);
+    ``continues``: the final assistant message is continued (no generation prompt)."""
+    opens, size = not continues, cfg.bytes_per_token
     if cfg.prefix_caching:
-        ids = prompt_ids(messages, add_generation_prompt=True, bytes_per_token=cfg.bytes_per_token)
+        ids = prompt_ids(messages, add_generation_prompt=opens, bytes_per_token=size)
         return len(ids), ids
-    total = prompt_tokens(messages, add_generation_prompt=True, bytes_per_token=cfg.bytes_per_token)
-    return total, None
+    return prompt_tokens(messages, add_generation_prompt=opens, bytes_per_token=size), None
 
 
 def check_output_bound(dialect: Dialect, cfg: SimConfig, asked: int, param: str) -> None:
@@ -90,10 +93,13 @@ def plan(
     prompt: tuple[int, list[int] | None],
     bound: int,
     options: ChatOptions | None = None,
+    skip: int = 0,
 ) -> Plan:
     """The generation: the sim's words up to ``bound``, cut short ("length") when the
-    bound is what stops it, as chat plans it."""
-    tokens = min(cfg.completion_tokens, bound)
-    finish = "length" if bound <= cfg.completion_tokens else "stop"
+    bound is what stops it, as chat plans it; ``skip``: the words the continued
+    assistant message already holds, the answer goes on after them."""
+    left = max(cfg.completion_tokens - skip, 0)
+    tokens = min(left, bound)
+    finish = "length" if bound <= left else "stop"
     count_, ids = prompt
-    return Plan(model, count_, tokens, finish, options or ChatOptions(), ids)
+    return Plan(model, count_, tokens, finish, options or ChatOptions(), ids, skip=skip)

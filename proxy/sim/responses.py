@@ -15,6 +15,11 @@ The stream is vLLM's: ``event: TYPE`` and ``data: {...}`` per event, with
 ``response.output_text.delta`` per token, ``response.output_text.done``,
 ``response.content_part.done``, ``response.output_item.done``, and always
 ``response.completed`` (its response's status ``incomplete`` when cut short).
+
+An input whose last item is an assistant message with status ``incomplete`` or
+``in_progress`` is continued (vLLM's ``should_continue_final_message``: the chat
+template's ``continue_final_message``, no generation prompt): the sim's answer goes on
+from where that message's text ends, as on the chat route.
 """
 
 from __future__ import annotations
@@ -31,9 +36,9 @@ from aiohttp import web
 
 from proxy.sim import prompt
 from proxy.sim.config import SimConfig
-from proxy.sim.dialect import Dialect, Plan, SimError, completion_text
+from proxy.sim.dialect import Dialect, Plan, SimError, completion_text, words_in
 from proxy.sim.generation import JSON_TYPE, generate
-from proxy.sim.responses_input import Refuse, chat_messages
+from proxy.sim.responses_input import Refuse, chat_messages, continues_final
 from proxy.sim.routes import read_json
 from proxy.sim.state import STATE
 
@@ -72,7 +77,10 @@ class _Answer:
 
     @property
     def words(self) -> list[str]:
-        words = completion_text(self.plan.completion_tokens)
+        skip = self.plan.skip
+        words = completion_text(skip + self.plan.completion_tokens)[skip:]
+        if skip:  # a continued answer goes on after the words it holds
+            return words
         return [words[0].lstrip(), *words[1:]] if words else []
 
     @property
@@ -190,7 +198,8 @@ async def responses(request: web.Request) -> web.StreamResponse:
         raise _not_found(dialect, cfg, str(payload["previous_response_id"]))
     messages = chat_messages(payload, invalid, refuse)
     asked = _max_output_tokens(dialect, cfg, payload, invalid)
-    counted = prompt.count(cfg, messages)
+    continues = continues_final(payload)
+    counted = prompt.count(cfg, messages, continues)
     prompt.check_window(dialect, cfg, counted[0])
     if counted[0] >= cfg.max_model_len:  # vLLM's own check for this route, after the renderer's
         raise dialect.error(
@@ -199,7 +208,8 @@ async def responses(request: web.Request) -> web.StreamResponse:
             param="input",
         )  # fmt: skip
     bound = prompt.completion_bound(dialect, cfg, counted[0], asked)
-    plan = prompt.plan(cfg, model, counted, bound)
+    skip = words_in(messages[-1].get("content") or "", stripped=True) if continues else 0
+    plan = prompt.plan(cfg, model, counted, bound, skip=skip)
     answer = _Answer(payload, plan, bound, tool_choice)
     if plan.prompt_ids is not None:
         plan.answer = answer.text

@@ -118,3 +118,13 @@ def _assistant_text(content: Any) -> str | None:
         text = content[0].get("text")
         return text if isinstance(text, str) else None
     return None
+
+
+def continues_final(payload: dict[str, Any]) -> bool:
+    """vLLM's ``should_continue_final_message``: the last input item a message (or
+    reasoning) item with status ``in_progress`` or ``incomplete``, to be continued."""
+    given = payload.get("input")
+    last = given[-1] if isinstance(given, list) and given else None
+    if not isinstance(last, dict) or last.get("type", "message") not in ("message", "reasoning"):
+        return False
+    return last.get("status") in ("in_progress", "incomplete")

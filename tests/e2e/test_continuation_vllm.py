@@ -1,12 +1,14 @@
 """A streamed answer outlives its engine, on real vLLM: two engines (CPU build, tiny
-model) behind trimproxy, a streamed chat answer of 400 tokens, and the engine that
-generates it SIGKILLed (its whole process group) after the client read ~100 of them
-(docs/architecture.md §23).
+model) behind trimproxy, a streamed answer of 400 tokens (chat, then the Responses
+dialect), and the engine that generates it SIGKILLed (its whole process group) after
+the client read ~100 of them (docs/architecture.md §23). Each test starts its own pair.
 
 The ``openai`` SDK reads one complete answer; the other engine's own request log
 (``--enable-log-requests`` at DEBUG) shows the prompt it was given: the conversation
 rendered by its chat template with the partial answer as the final assistant message,
-left open (``continue_final_message``: no end-of-turn after it, no new assistant turn).
+left open (``continue_final_message``: no end-of-turn after it, no new assistant turn;
+on the Responses route, vLLM's reading of a final assistant item with status
+``incomplete``).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ _BODY = re.compile(r"Request \S+ JSON body: (\{.*\})$", re.MULTILINE)
 _PROMPT = re.compile(r"Request (\S+) details: prompt: ('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def engines() -> Iterator[list[VllmStack]]:
     if os.environ.get("TRIMPROXY_SKIP_VLLM") == "1":
         pytest.skip("TRIMPROXY_SKIP_VLLM=1: the real vLLM engine is switched off")
@@ -83,14 +85,24 @@ def bodies(engine: VllmStack) -> list[dict[str, Any]]:
     return [json.loads(m.group(1)) for m in _BODY.finditer(text)]
 
 
-def test_a_stream_survives_its_vllm_engine_killed_mid_answer(engines: list[VllmStack]) -> None:
-    settings = {
+def proxy_settings(engines: list[VllmStack]) -> dict[str, Any]:
+    return {
         "upstream_url": ",".join(e.base_url for e in engines),
         "tokenizer": "approx",
         "health_interval": 1,
         "upstream_metrics_interval": 0,
     }
-    with ProxyProcess(settings) as proxy:
+
+
+def kill_the_busiest(engines: list[VllmStack]) -> VllmStack:
+    victim = max(engines, key=running)
+    assert victim.proc is not None
+    os.killpg(victim.proc.pid, signal.SIGKILL)
+    return victim
+
+
+def test_a_stream_survives_its_vllm_engine_killed_mid_answer(engines: list[VllmStack]) -> None:
+    with ProxyProcess(proxy_settings(engines)) as proxy:
         client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="x", max_retries=0)
         stream = client.chat.completions.create(
             model=engines[0].model,
@@ -111,9 +123,7 @@ def test_a_stream_survives_its_vllm_engine_killed_mid_answer(engines: list[VllmS
             if chunk.usage is not None:
                 usage = chunk.usage
             if victim is None and len(texts) >= KILL_AFTER:
-                victim = max(engines, key=running)
-                assert victim.proc is not None
-                os.killpg(victim.proc.pid, signal.SIGKILL)
+                victim = kill_the_busiest(engines)
         continued = scrape(proxy.url).value("trimproxy_answers_continued_total", reason="reset")
         log = proxy.logs()
     assert victim is not None
@@ -132,5 +142,52 @@ def test_a_stream_survives_its_vllm_engine_killed_mid_answer(engines: list[VllmS
     last = asked[0]["messages"][-1]
     partial = last["content"]
     assert last["role"] == "assistant" and len(partial) >= len("".join(texts[:KILL_AFTER]))
+    assert text.startswith(partial) and len(text) > len(partial)
+    assert any(p.endswith("<|im_start|>assistant\n" + partial) for p in prompts(survivor))
+
+
+def test_a_responses_stream_survives_its_vllm_engine_killed_mid_answer(
+    engines: list[VllmStack],
+) -> None:
+    """The Responses dialect: the survivor gets the partial answer as a final assistant
+    item with status ``incomplete``, which vLLM continues (``continue_final_message``);
+    the SDK reads one response, its events numbered on, its last one carrying the
+    whole text."""
+    with ProxyProcess(proxy_settings(engines)) as proxy:
+        client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="x", max_retries=0)
+        events: list[Any] = []
+        texts: list[str] = []
+        victim: VllmStack | None = None
+        with client.responses.stream(
+            model=engines[0].model,
+            input="Tell me a long story about a river.",
+            max_output_tokens=ANSWER,
+            extra_body={"ignore_eos": True},
+        ) as stream:
+            for event in stream:  # raises openai.APIError on an error event
+                events.append(event)
+                if event.type == "response.output_text.delta":
+                    texts.append(event.delta)
+                if victim is None and len(texts) >= KILL_AFTER:
+                    victim = kill_the_busiest(engines)
+        continued = scrape(proxy.url).value("trimproxy_answers_continued_total", reason="reset")
+        log = proxy.logs()
+    assert victim is not None
+    survivor = next(e for e in engines if e is not victim)
+    text = "".join(texts)
+    kinds = [e.type for e in events]
+    assert kinds.count("response.created") == 1 and kinds[-1] == "response.completed"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    done = events[-1].response
+    assert done.id == events[0].response.id and done.output_text == text
+    assert done.usage is not None and done.usage.output_tokens >= ANSWER - 5
+    assert continued == 1 and '"continued":"reset@' in log
+    asked = [b for b in bodies(survivor) if isinstance(b.get("input"), list)]
+    assert len(asked) == 1, bodies(survivor)
+    assert asked[0]["max_output_tokens"] < ANSWER
+    last = asked[0]["input"][-1]
+    assert (last["role"], last["status"]) == ("assistant", "incomplete")
+    partial = last["content"][0]["text"]
+    assert len(partial) >= len("".join(texts[:KILL_AFTER]))
     assert text.startswith(partial) and len(text) > len(partial)
     assert any(p.endswith("<|im_start|>assistant\n" + partial) for p in prompts(survivor))

@@ -90,6 +90,31 @@ def test_stream_is_vllms_event_sequence(sim: SimUpstream) -> None:
     assert '"status":"incomplete"' in blocks[-1]
 
 
+def test_an_incomplete_assistant_item_is_continued(sim: SimUpstream) -> None:
+    """vLLM's ``should_continue_final_message``: a final assistant item with status
+    ``incomplete`` is continued (no generation prompt), from where its text ends."""
+    partial = {
+        "type": "message",
+        "role": "assistant",
+        "id": "msg_a",
+        "status": "incomplete",
+        "content": [{"type": "output_text", "text": "Hello from", "annotations": []}],
+    }
+    user = {"role": "user", "content": "hello"}
+    open_: Any = [user, partial]
+    closed_: Any = [user, {**partial, "status": "completed"}]
+    with client(sim) as c:
+        done = c.responses.create(model=MODEL, input=open_)
+        closed = c.responses.create(model=MODEL, input=closed_)
+    assert done.output_text == " the simulated upstream" and done.status == "completed"
+    assert done.usage is not None and done.usage.output_tokens == 3
+    # The same conversation rendered open-ended: the prompt lacks the generation prompt.
+    assert done.usage.input_tokens < tokenize(
+        sim, [user, {"role": "assistant", "content": "Hello from"}]
+    )
+    assert closed.output_text == "Hello from the simulated upstream"  # a new answer
+
+
 def test_tool_conversation_is_counted_as_vllm_converts_it(sim: SimUpstream) -> None:
     call = {"type": "function_call", "call_id": "call_1", "name": "get_weather",
             "arguments": '{"city": "Paris"}'}  # fmt: skip
