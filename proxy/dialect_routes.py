@@ -96,7 +96,7 @@ async def _serve(
     out = Outgoing("POST", path, headers, prepared.body)
     sent = await forward(svc, out, client_gone, facts, prepared)
     # A JSON answer is kept (up to a bound) to compare its usage with the count.
-    capture = 0 if conv.stream or conv.endpoint != "completions" else USAGE_CAPTURE_BYTES
+    capture = 0 if conv.stream else USAGE_CAPTURE_BYTES
     relay = Relay(sent, client_gone, capture_limit=capture, error_event=error_event)
     if linked is None:
         return relay

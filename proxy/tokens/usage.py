@@ -14,7 +14,8 @@ _TAIL = 4096
 
 
 def upstream_prompt_tokens(body: bytes) -> int | None:
-    """``usage.prompt_tokens`` of a non-streaming response body, or None."""
+    """The prompt tokens of a non-streaming response body's usage (any dialect's,
+    ``_prompt_of``), or None."""
     if len(body) > _TAIL:
         matches = _PROMPT_TOKENS.findall(body[-_TAIL:])
         if matches:
@@ -24,8 +25,26 @@ def upstream_prompt_tokens(body: bytes) -> int | None:
     except orjson.JSONDecodeError:
         return None
     usage = data.get("usage") if isinstance(data, dict) else None
-    value = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+    return _prompt_of(usage) if isinstance(usage, dict) else None
+
+
+def _int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _prompt_of(usage: dict[str, object]) -> int | None:
+    """The whole prompt of a usage object: chat's and completions' ``prompt_tokens``,
+    the Responses API's ``input_tokens``, or Anthropic's, whose ``input_tokens`` leave
+    out what the prompt cache read or wrote (``cache_*_input_tokens``)."""
+    prompt = _int(usage.get("prompt_tokens"))
+    if prompt is not None:
+        return prompt
+    value = _int(usage.get("input_tokens"))
+    if value is None:
+        return None
+    for key in ("cache_read_input_tokens", "cache_creation_input_tokens"):
+        value += _int(usage.get(key)) or 0
+    return value
 
 
 def estimate_error(counted: int, response_body: bytes) -> int | None:

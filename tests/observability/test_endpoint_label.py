@@ -70,6 +70,10 @@ def test_each_endpoint_has_its_own_series(proxy_server: Callable[..., ProxyProce
         for reason in ("timeout", "store_unavailable", "client_closed"):
             rejected = {"reason": reason, "endpoint": endpoint}
             assert m.has("trimproxy_admission_rejected_total", **rejected), rejected
+    # Every JSON answer's usage is set beside the count (the sim counts as the proxy).
+    errors = "trimproxy_token_estimate_error_tokens"
+    assert m.value(f"{errors}_count", model="sim-model") == len(ROUTES)
+    assert m.value(f"{errors}_sum", model="sim-model") == 0
     # Series by route as well: the dialects' own routes, not "other" or chat's.
     for path in ROUTES.values():
         assert m.value("trimproxy_requests_total", route=path, code="200") == 1

@@ -1,4 +1,4 @@
-"""estimate_error reads usage.prompt_tokens from a response body."""
+"""estimate_error reads the prompt tokens of a response body's usage, in every dialect."""
 
 from __future__ import annotations
 
@@ -47,3 +47,17 @@ def test_large_bodies_use_the_tail_and_ignore_quoted_text() -> None:
     assert len(b) > 4096
     assert upstream_prompt_tokens(b) == 7
     assert upstream_prompt_tokens(body(trap)) is None
+
+
+def test_the_dialects_usage_is_read_too() -> None:
+    responses = {"input_tokens": 40, "output_tokens": 3, "total_tokens": 43}
+    assert upstream_prompt_tokens(orjson.dumps({"object": "response", "usage": responses})) == 40
+    # Anthropic's input_tokens leave out what the prompt cache read or wrote.
+    anthropic = {
+        "input_tokens": 10,
+        "cache_read_input_tokens": 32,
+        "cache_creation_input_tokens": None,
+        "output_tokens": 5,
+    }
+    assert upstream_prompt_tokens(orjson.dumps({"type": "message", "usage": anthropic})) == 42
+    assert upstream_prompt_tokens(orjson.dumps({"usage": {"input_tokens": "10"}})) is None
