@@ -244,16 +244,21 @@ def floor_if_surely_too_long(
 
 
 def session_identity(
-    svc: Services, headers: Mapping[str, str], user: str | None, messages: Sequence[Message]
+    svc: Services,
+    headers: Mapping[str, str],
+    user: str | None,
+    messages: Sequence[Message],
+    also: Sequence[str] = (),
 ) -> Identity | None:
     """The request's session identity, when session limits or session routing over
-    several engines need it (one hash a request); else None."""
+    several engines need it (one hash a request); else None. ``also``: header names
+    read after ``TRIMPROXY_SESSION_HEADER`` (``identify``)."""
     settings = svc.settings
     if svc.sessions is None and (
         settings.routing != "session" or len(svc.upstream.engines.live()) < 2
     ):
         return None
-    return identify(headers, settings.session_header, user, messages)
+    return identify(headers, settings.session_header, user, messages, also)
 
 
 async def session_step(

@@ -39,6 +39,11 @@ from proxy.sessions.identity import Identity
 from proxy.trimming import TrimResult, fits_whole
 from proxy.types import JSONObject, Message, PromptCount
 
+#: The headers coding agents name their conversation by, read on the dialects' routes
+#: when ``TRIMPROXY_SESSION_HEADER`` is absent: the Codex CLI sends ``session_id``
+#: (docs/sessions.md).
+AGENT_SESSION_HEADERS = ("session_id", "session-id")
+
 ToChat = Callable[[Conversation, Sequence[int]], tuple[list[Message], list[int]]]
 Render = Callable[[Conversation, Sequence[int], int | None], bytes]
 Tools = Callable[[Conversation, Sequence[int]], list[JSONObject] | None]
@@ -119,7 +124,7 @@ async def prepare_conversation(
     note_model(svc.settings.max_model_name_length, conv.model, facts, w.endpoint)
     out: dict[str, str] = {}
     view = session_view(conv)
-    ident = session_identity(svc, headers, conv.user, view)
+    ident = session_identity(svc, headers, conv.user, view, AGENT_SESSION_HEADERS)
     if ident is not None and chain is not None:
         ident = chain
     history_start = 0

@@ -89,11 +89,16 @@ def _echoable(value: str) -> bool:
 
 
 def identify(
-    headers: Mapping[str, str], header_name: str, user: str | None, messages: Sequence[Message]
+    headers: Mapping[str, str],
+    header_name: str,
+    user: str | None,
+    messages: Sequence[Message],
+    also: Sequence[str] = (),
 ) -> Identity:
-    """The session of a request. ``headers`` is case-insensitive (Starlette's)."""
+    """The session of a request. ``headers`` is case-insensitive (Starlette's);
+    ``also``: more header names, read when ``header_name`` is absent."""
     namespace = _digest(b"key", client_key(headers).encode())
-    client_id = headers.get(header_name) or None
+    client_id = headers.get(header_name) or next(filter(None, map(headers.get, also)), None)
     if client_id:
         source, raw = "header", client_id
     elif user:
