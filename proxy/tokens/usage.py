@@ -14,8 +14,8 @@ _TAIL = 4096
 
 
 def upstream_prompt_tokens(body: bytes) -> int | None:
-    """The prompt tokens of a non-streaming response body's usage (any dialect's,
-    ``_prompt_of``), or None."""
+    """The prompt tokens of a non-streaming response body's usage (any dialect's), or
+    None."""
     if len(body) > _TAIL:
         matches = _PROMPT_TOKENS.findall(body[-_TAIL:])
         if matches:
@@ -25,20 +25,22 @@ def upstream_prompt_tokens(body: bytes) -> int | None:
     except orjson.JSONDecodeError:
         return None
     usage = data.get("usage") if isinstance(data, dict) else None
-    return _prompt_of(usage) if isinstance(usage, dict) else None
+    if not isinstance(usage, dict):
+        return None
+    prompt = usage.get("prompt_tokens")  # chat's and completions'
+    if prompt is None:
+        return _input_tokens(usage)
+    return prompt if isinstance(prompt, int) and not isinstance(prompt, bool) else None
 
 
 def _int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _prompt_of(usage: dict[str, object]) -> int | None:
-    """The whole prompt of a usage object: chat's and completions' ``prompt_tokens``,
-    the Responses API's ``input_tokens``, or Anthropic's, whose ``input_tokens`` leave
-    out what the prompt cache read or wrote (``cache_*_input_tokens``)."""
-    prompt = _int(usage.get("prompt_tokens"))
-    if prompt is not None:
-        return prompt
+def _input_tokens(usage: dict[str, object]) -> int | None:
+    """The whole prompt of the dialects' usage: the Responses API's ``input_tokens``,
+    or Anthropic's, whose ``input_tokens`` leave out what the prompt cache read or
+    wrote (``cache_*_input_tokens``)."""
     value = _int(usage.get("input_tokens"))
     if value is None:
         return None
