@@ -20,6 +20,9 @@
   as written). ``settings`` become ``TRIMPROXY_<NAME>``, ``env`` is added as is. A
   ``ProxyProcess`` (``tests.support.processes``): ``url``, ``port``, ``process``,
   ``logs()``, ``stop()``. All stopped after the test.
+* ``closing(client)``: enters ``client`` (an SDK or httpx client, a socket) and
+  returns it; closed when the test ends (``tests.support.closing``). ``aclosing``
+  (awaited) for async clients.
 """
 
 from __future__ import annotations
@@ -27,13 +30,14 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, ExitStack
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import settings
 
+from tests.support.closing import AsyncClosing, Closing
 from tests.support.inprocess import InProcessProxy, running_proxy
 from tests.support.processes import PROXY_START_TIMEOUT, ProxyProcess, StackError
 from tests.support.properties import DEFAULT_EXAMPLES, FAST_EXAMPLES
@@ -53,6 +57,20 @@ def pytest_configure(config: pytest.Config) -> None:
     settings.register_profile("trimproxy", deadline=None, max_examples=DEFAULT_EXAMPLES)
     settings.register_profile("fast", deadline=None, max_examples=FAST_EXAMPLES)
     settings.load_profile("trimproxy")
+
+
+@pytest.fixture
+def closing() -> Iterator[Closing]:
+    """``client = closing(openai.OpenAI(...))``: the client, closed when the test ends."""
+    with ExitStack() as stack:
+        yield stack.enter_context
+
+
+@pytest.fixture
+async def aclosing() -> AsyncIterator[AsyncClosing]:
+    """``client = await aclosing(openai.AsyncOpenAI(...))``: ``closing`` for async clients."""
+    async with AsyncExitStack() as stack:
+        yield stack.enter_async_context
 
 
 @pytest.fixture(scope="session")

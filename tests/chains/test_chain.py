@@ -14,6 +14,7 @@ from openai.types.responses import Response
 from tests.chains.helpers import INSTRUCTIONS, Turn, sent_bodies, texts, turn, words
 from tests.conftest import StartProxy
 from tests.sessions.helpers import metric_value
+from tests.support.closing import Closing
 from tests.support.processes import ProxyProcess
 from tests.support.sim import SimUpstream
 
@@ -30,10 +31,10 @@ def start(proxy_server: StartProxy, **extra: object) -> ProxyProcess:
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 def test_a_20_turn_chain_stays_within_the_budget(
-    proxy_server: StartProxy, sim_upstream: SimUpstream, stream: bool
+    closing: Closing, proxy_server: StartProxy, sim_upstream: SimUpstream, stream: bool
 ) -> None:
     proxy = start(proxy_server)
-    client = openai.OpenAI(base_url=proxy.api_base, api_key="unused")
+    client = closing(openai.OpenAI(base_url=proxy.api_base, api_key="unused"))
     turns: list[Turn] = []
     previous = None
     for n in range(TURNS):
@@ -62,9 +63,11 @@ def test_a_20_turn_chain_stays_within_the_budget(
         assert got.json() == t.response if not stream else got.json()["id"] == t.response["id"]
 
 
-def test_get_delete_and_unknown_ids(proxy_server: StartProxy, sim_upstream: SimUpstream) -> None:
+def test_get_delete_and_unknown_ids(
+    closing: Closing, proxy_server: StartProxy, sim_upstream: SimUpstream
+) -> None:
     proxy = start(proxy_server)
-    client = openai.OpenAI(base_url=proxy.api_base, api_key="unused")
+    client = closing(openai.OpenAI(base_url=proxy.api_base, api_key="unused"))
     first = turn(client, 0, None, stream=False).response["id"]
     deleted = httpx.delete(f"{proxy.api_base}/responses/{first}", headers=KEY, timeout=10)
     assert deleted.status_code == 200
@@ -88,16 +91,16 @@ def test_get_delete_and_unknown_ids(proxy_server: StartProxy, sim_upstream: SimU
 
 
 def test_store_false_is_not_kept_and_another_key_sees_nothing(
-    proxy_server: StartProxy, sim_upstream: SimUpstream
+    closing: Closing, proxy_server: StartProxy, sim_upstream: SimUpstream
 ) -> None:
     proxy = start(proxy_server)
-    client = openai.OpenAI(base_url=proxy.api_base, api_key="key-a")
+    client = closing(openai.OpenAI(base_url=proxy.api_base, api_key="key-a"))
     unstored = client.responses.create(model="sim-model", input="hi", store=False)
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(unstored.id)
     stored = client.responses.create(model="sim-model", input="hi")
     assert client.responses.retrieve(stored.id).id == stored.id
-    other = openai.OpenAI(base_url=proxy.api_base, api_key="key-b")
+    other = closing(openai.OpenAI(base_url=proxy.api_base, api_key="key-b"))
     with pytest.raises(openai.NotFoundError):
         other.responses.retrieve(stored.id)
     # A string input is kept as the user message it stands for.
@@ -109,9 +112,11 @@ def test_store_false_is_not_kept_and_another_key_sees_nothing(
     assert texts(body["input"]) == ["hi", stored.output_text, "more"]
 
 
-def test_a_chain_is_one_session(proxy_server: StartProxy, sim_upstream: SimUpstream) -> None:
+def test_a_chain_is_one_session(
+    closing: Closing, proxy_server: StartProxy, sim_upstream: SimUpstream
+) -> None:
     proxy = start(proxy_server, session_max_turns=3, session_limit_action="reject")
-    client = openai.OpenAI(base_url=proxy.api_base, api_key="unused")
+    client = closing(openai.OpenAI(base_url=proxy.api_base, api_key="unused"))
     sessions = []
     previous = None
     for n in range(3):

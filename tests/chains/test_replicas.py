@@ -9,6 +9,7 @@ import pytest
 
 from tests.chains.helpers import sent_bodies, turn
 from tests.conftest import StartProxy
+from tests.support.closing import Closing
 from tests.support.processes import ProxyProcess
 from tests.support.redis_server import RedisServer
 from tests.support.sim import SimUpstream
@@ -41,7 +42,7 @@ def check_chain(sim: SimUpstream, previous: list[str]) -> None:
 
 
 def test_a_restarted_proxy_keeps_the_chain(
-    proxy_server: StartProxy, redis_server: RedisServer, sim_upstream: SimUpstream
+    closing: Closing, proxy_server: StartProxy, redis_server: RedisServer, sim_upstream: SimUpstream
 ) -> None:
     proxy = replica(proxy_server, redis_server)
     ids: list[str] = []
@@ -49,7 +50,7 @@ def test_a_restarted_proxy_keeps_the_chain(
         if n == TURNS // 2:
             proxy.stop()
             proxy = replica(proxy_server, redis_server)  # a fresh process, nothing in memory
-        t = turn(client_of(proxy), n, ids[-1] if ids else None, stream=n % 2 == 1)
+        t = turn(closing(client_of(proxy)), n, ids[-1] if ids else None, stream=n % 2 == 1)
         assert t.forwarded <= BUDGET
         assert t.response["usage"]["input_tokens"] == t.forwarded
         ids.append(t.response["id"])
@@ -60,28 +61,28 @@ def test_a_restarted_proxy_keeps_the_chain(
 
 
 def test_two_replicas_serving_alternate_turns_keep_the_chain(
-    proxy_server: StartProxy, redis_server: RedisServer, sim_upstream: SimUpstream
+    closing: Closing, proxy_server: StartProxy, redis_server: RedisServer, sim_upstream: SimUpstream
 ) -> None:
     proxies = [replica(proxy_server, redis_server, session_max_turns=50) for _ in range(2)]
     ids: list[str] = []
     sessions = set()
     for n in range(TURNS):
         proxy = proxies[n % 2]
-        t = turn(client_of(proxy), n, ids[-1] if ids else None, stream=n % 3 == 0)
+        t = turn(closing(client_of(proxy)), n, ids[-1] if ids else None, stream=n % 3 == 0)
         assert t.forwarded <= BUDGET
         ids.append(t.response["id"])
         sessions.add(t.session)
     check_chain(sim_upstream, ids)
     assert len(sessions) == 1 and None not in sessions  # one session on both replicas
     # Either replica reads what the other stored.
-    assert client_of(proxies[0]).responses.retrieve(ids[-1]).id == ids[-1]
+    assert closing(client_of(proxies[0])).responses.retrieve(ids[-1]).id == ids[-1]
 
 
 def test_redis_down_is_a_503_naming_the_setting(
-    proxy_server: StartProxy, redis_server: RedisServer, sim_upstream: SimUpstream
+    closing: Closing, proxy_server: StartProxy, redis_server: RedisServer, sim_upstream: SimUpstream
 ) -> None:
     proxy = replica(proxy_server, redis_server)
-    client = client_of(proxy)
+    client = closing(client_of(proxy))
     first = turn(client, 0, None, stream=False).response["id"]
     redis_server.stop()
     sim_upstream.clear()

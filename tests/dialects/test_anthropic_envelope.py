@@ -16,6 +16,7 @@ import pytest
 
 from proxy.app import create_app
 from proxy.metrics import Metrics
+from tests.support.closing import AsyncClosing
 from tests.support.inprocess import make_settings
 from tests.support.served import served
 from tests.support.sim import SimUpstream, sim_threads
@@ -59,8 +60,12 @@ def _anthropic(body: dict[str, Any], kind: str) -> str:
     return message
 
 
-async def test_a_refused_key_is_anthropics_authentication_error(proxy_url: str) -> None:
-    client = anthropic.AsyncAnthropic(base_url=proxy_url, api_key="wrong", max_retries=0)
+async def test_a_refused_key_is_anthropics_authentication_error(
+    aclosing: AsyncClosing, proxy_url: str
+) -> None:
+    client = await aclosing(
+        anthropic.AsyncAnthropic(base_url=proxy_url, api_key="wrong", max_retries=0)
+    )
     with pytest.raises(anthropic.AuthenticationError) as refused:
         await client.messages.create(**_message())
     assert isinstance(refused.value.body, dict)
@@ -73,12 +78,18 @@ async def test_a_refused_key_is_anthropics_authentication_error(proxy_url: str) 
         chat = await http.post("/v1/chat/completions", json={"model": "m", "messages": []})
         assert chat.status_code == 401 and chat.json()["error"]["code"] == "invalid_api_key"
     # The right key, as the SDK sends it (X-Api-Key), is served.
-    client = anthropic.AsyncAnthropic(base_url=proxy_url, api_key=KEY, max_retries=0)
+    client = await aclosing(
+        anthropic.AsyncAnthropic(base_url=proxy_url, api_key=KEY, max_retries=0)
+    )
     assert (await client.messages.create(**_message())).type == "message"
 
 
-async def test_a_body_too_large_is_anthropics_request_too_large(proxy_url: str) -> None:
-    client = anthropic.AsyncAnthropic(base_url=proxy_url, api_key=KEY, max_retries=0)
+async def test_a_body_too_large_is_anthropics_request_too_large(
+    aclosing: AsyncClosing, proxy_url: str
+) -> None:
+    client = await aclosing(
+        anthropic.AsyncAnthropic(base_url=proxy_url, api_key=KEY, max_retries=0)
+    )
     big = [{"role": "user", "content": "word " * BODY_LIMIT}]
     with pytest.raises(anthropic.APIStatusError) as refused:
         await client.messages.create(**_message(messages=big))
@@ -87,11 +98,13 @@ async def test_a_body_too_large_is_anthropics_request_too_large(proxy_url: str) 
 
 
 async def test_the_in_flight_limit_is_anthropics_rate_limit_error(
-    proxy_url: str, sim: SimUpstream
+    aclosing: AsyncClosing, proxy_url: str, sim: SimUpstream
 ) -> None:
     sim.configure(delay_seconds=1.0)
     before = sim.state()["requests_total"]
-    client = anthropic.AsyncAnthropic(base_url=proxy_url, api_key=KEY, max_retries=0)
+    client = await aclosing(
+        anthropic.AsyncAnthropic(base_url=proxy_url, api_key=KEY, max_retries=0)
+    )
     first = asyncio.ensure_future(client.messages.create(**_message()))
     # The first one is in flight once the sim has it (it answers a second later).
     await asyncio.to_thread(sim.wait_for_state, lambda s: s["requests_total"] > before)

@@ -12,6 +12,7 @@ import httpx
 import openai
 import pytest
 
+from tests.support.closing import Closing
 from tests.support.processes import ProxyProcess
 from tests.support.sim import SimUpstream
 
@@ -43,8 +44,10 @@ def completions_client(proxy: ProxyProcess) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="unused", max_retries=0)
 
 
-def test_the_count_is_the_engines_usage(proxy: ProxyProcess, sim_upstream: SimUpstream) -> None:
-    client = completions_client(proxy)
+def test_the_count_is_the_engines_usage(
+    closing: Closing, proxy: ProxyProcess, sim_upstream: SimUpstream
+) -> None:
+    client = closing(completions_client(proxy))
     for prompt in (PROMPT, [PROMPT, "a short one"], [5, 6, 7, 8], [[1, 2], [3, 4, 5]]):
         raw = client.completions.with_raw_response.create(
             model="sim-model", prompt=prompt, max_tokens=4
@@ -59,9 +62,9 @@ def test_the_count_is_the_engines_usage(proxy: ProxyProcess, sim_upstream: SimUp
 
 
 def test_max_tokens_is_capped_and_a_missing_one_is_the_engines_16(
-    proxy: ProxyProcess, sim_upstream: SimUpstream
+    closing: Closing, proxy: ProxyProcess, sim_upstream: SimUpstream
 ) -> None:
-    client = completions_client(proxy)
+    client = closing(completions_client(proxy))
     raw = client.completions.with_raw_response.create(
         model="sim-model", prompt=PROMPT, max_tokens=500
     )
@@ -74,9 +77,9 @@ def test_max_tokens_is_capped_and_a_missing_one_is_the_engines_16(
 
 
 def test_over_the_budget_is_refused_never_forwarded(
-    proxy: ProxyProcess, sim_upstream: SimUpstream
+    closing: Closing, proxy: ProxyProcess, sim_upstream: SimUpstream
 ) -> None:
-    client = completions_client(proxy)
+    client = closing(completions_client(proxy))
     long = "lorem ipsum dolor sit amet " * 60
     for prompt in (long, ["short", long]):
         with pytest.raises(openai.BadRequestError) as info:
@@ -93,9 +96,9 @@ def test_over_the_budget_is_refused_never_forwarded(
 
 
 def test_streamed_and_observed_in_the_metrics(
-    proxy: ProxyProcess, sim_upstream: SimUpstream
+    closing: Closing, proxy: ProxyProcess, sim_upstream: SimUpstream
 ) -> None:
-    client = completions_client(proxy)
+    client = closing(completions_client(proxy))
     chunks = list(
         client.completions.create(model="sim-model", prompt=PROMPT, max_tokens=4, stream=True)
     )
@@ -127,7 +130,7 @@ def anthropic_client(proxy: ProxyProcess) -> anthropic.Anthropic:
 
 
 def test_count_tokens_agrees_with_the_engine(
-    proxy: ProxyProcess, sim_upstream: SimUpstream
+    closing: Closing, proxy: ProxyProcess, sim_upstream: SimUpstream
 ) -> None:
     call = {"type": "tool_use", "id": "t1", "name": "get_weather", "input": {"city": "Paris"}}
     result = {"type": "tool_result", "tool_use_id": "t1", "content": "sun"}
@@ -143,18 +146,18 @@ def test_count_tokens_agrees_with_the_engine(
             {"role": "user", "content": [result]},
         ],
     }
-    counted = anthropic_client(proxy).messages.count_tokens(**body)
+    counted = closing(anthropic_client(proxy)).messages.count_tokens(**body)
     assert sim_upstream.requests("/v1/messages/count_tokens") == []  # answered by the proxy
     engine = httpx.post(f"{sim_upstream.url}/v1/messages/count_tokens", json=body).json()
     assert counted.input_tokens == engine["input_tokens"] > 0
-    without = anthropic_client(proxy).messages.count_tokens(
+    without = closing(anthropic_client(proxy)).messages.count_tokens(
         model="sim-model", messages=body["messages"][:1]
     )
     assert without.input_tokens < counted.input_tokens
 
 
-def test_count_tokens_errors_are_anthropics(proxy: ProxyProcess) -> None:
-    client = anthropic_client(proxy)
+def test_count_tokens_errors_are_anthropics(closing: Closing, proxy: ProxyProcess) -> None:
+    client = closing(anthropic_client(proxy))
     with pytest.raises(anthropic.BadRequestError) as info:
         client.messages.count_tokens(model="sim-model", messages=[])
     body: Any = info.value.body
@@ -172,7 +175,7 @@ def test_count_tokens_errors_are_anthropics(proxy: ProxyProcess) -> None:
 
 
 def test_blind_routes_are_relayed_or_refused(
-    proxy_server: StartProxy, sim_upstream: SimUpstream
+    closing: Closing, proxy_server: StartProxy, sim_upstream: SimUpstream
 ) -> None:
     body = {"model": "sim-model", "input": "hello"}
     relayed = proxy_server(upstream_metrics_interval=0)
@@ -187,5 +190,5 @@ def test_blind_routes_are_relayed_or_refused(
     assert sim_upstream.requests() == []
     # What it bounds, and the model list, it still serves.
     assert httpx.get(f"{refusing.url}/v1/models").status_code == 200
-    client = completions_client(refusing)
+    client = closing(completions_client(refusing))
     assert client.completions.create(model="sim-model", prompt="hi", max_tokens=2).choices

@@ -17,6 +17,7 @@ import pytest
 
 from proxy.app import create_app
 from proxy.metrics import Metrics
+from tests.support.closing import AsyncClosing
 from tests.support.inprocess import make_settings
 from tests.support.served import served
 from tests.support.sim import SimUpstream, sim_threads
@@ -45,9 +46,9 @@ def words(turn: int) -> str:
 
 
 async def test_a_responses_conversation_stays_within_the_budget(
-    proxy_url: str, sim: SimUpstream
+    aclosing: AsyncClosing, proxy_url: str, sim: SimUpstream
 ) -> None:
-    client = openai.AsyncOpenAI(base_url=f"{proxy_url}/v1", api_key="unused")
+    client = await aclosing(openai.AsyncOpenAI(base_url=f"{proxy_url}/v1", api_key="unused"))
     history: list[Any] = []
     dropped = []
     for turn in range(TURNS):
@@ -74,9 +75,9 @@ async def test_a_responses_conversation_stays_within_the_budget(
 
 
 async def test_a_messages_conversation_stays_within_the_budget(
-    proxy_url: str, sim: SimUpstream
+    aclosing: AsyncClosing, proxy_url: str, sim: SimUpstream
 ) -> None:
-    client = anthropic.AsyncAnthropic(base_url=proxy_url, api_key="unused")
+    client = await aclosing(anthropic.AsyncAnthropic(base_url=proxy_url, api_key="unused"))
     history: list[Any] = []
     dropped = []
     for turn in range(TURNS):

@@ -24,6 +24,7 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import ENGINE_NICE, ENGINE_START_TIMEOUT, VLLM_API_KEY
+from tests.support.closing import Closing
 from tests.support.dialect_clients import (
     MAX_TOKENS,
     anthropic_input,
@@ -278,7 +279,7 @@ def _agent_history(turns: int) -> list[dict[str, Any]]:
 
 
 def test_a_coding_agents_request_is_served_on_an_8k_engine(
-    agent_engine: VllmStack, agent_proxy: Any
+    closing: Closing, agent_engine: VllmStack, agent_proxy: Any
 ) -> None:
     """A 75 kB system prompt, 24 tools and ``max_tokens`` 32,000, as a coding agent
     sends them, with TRIMPROXY_MAX_COMPLETION_TOKENS set.
@@ -291,7 +292,7 @@ def test_a_coding_agents_request_is_served_on_an_8k_engine(
     agent's: their JSON alone costs this tokenizer ~200 tokens a tool.)
     """
     proxy = agent_proxy(max_completion_tokens=AGENT_CAP)
-    client = anthropic.Anthropic(base_url=proxy.url, api_key="unused", max_retries=0)
+    client = closing(anthropic.Anthropic(base_url=proxy.url, api_key="unused", max_retries=0))
     system = prose(75, 16_000)[: 75 * 1024]
     request: dict[str, Any] = {
         "model": MODEL_NAME,

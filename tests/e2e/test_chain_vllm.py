@@ -11,6 +11,7 @@ import pytest
 
 from tests.chains.helpers import turn
 from tests.e2e.conftest import StartVllmProxy
+from tests.support.closing import Closing
 
 pytestmark = pytest.mark.vllm
 
@@ -19,10 +20,11 @@ TURNS = 20
 
 
 def test_a_20_turn_chain_on_the_real_engine_stays_within_the_budget(
+    closing: Closing,
     start_vllm_proxy: StartVllmProxy,
 ) -> None:
     proxy = start_vllm_proxy(max_prompt_tokens=BUDGET)
-    client = openai.OpenAI(base_url=proxy.api_base, api_key="unused", timeout=120)
+    client = closing(openai.OpenAI(base_url=proxy.api_base, api_key="unused", timeout=120))
     previous = None
     forwarded = []
     for n in range(TURNS):

@@ -14,6 +14,7 @@ import openai
 import pytest
 
 from tests.e2e.conftest import StartVllmProxy
+from tests.support.closing import Closing
 from tests.support.vllm_stack import VllmStack
 
 pytestmark = pytest.mark.vllm
@@ -28,13 +29,13 @@ PROMPTS: list[Any] = [
 
 @pytest.mark.parametrize("tokenizer", ["hf", "upstream"])
 def test_the_count_of_a_raw_prompt_is_the_engines(
-    tokenizer: str, start_vllm_proxy: StartVllmProxy, vllm_idle: VllmStack
+    closing: Closing, tokenizer: str, start_vllm_proxy: StartVllmProxy, vllm_idle: VllmStack
 ) -> None:
     settings: dict[str, Any] = {"max_prompt_tokens": 1000}
     if tokenizer == "upstream":
         settings["tokenizer"] = "upstream"
     proxy = start_vllm_proxy(**settings)
-    client = openai.OpenAI(base_url=proxy.api_base, api_key="x", max_retries=0)
+    client = closing(openai.OpenAI(base_url=proxy.api_base, api_key="x", max_retries=0))
     for prompt in PROMPTS:
         for extra in ({}, {"add_special_tokens": False}):
             raw = client.completions.with_raw_response.create(
@@ -47,10 +48,10 @@ def test_the_count_of_a_raw_prompt_is_the_engines(
 
 
 def test_a_raw_prompt_over_the_budget_never_reaches_the_engine(
-    start_vllm_proxy: StartVllmProxy, vllm_idle: VllmStack
+    closing: Closing, start_vllm_proxy: StartVllmProxy, vllm_idle: VllmStack
 ) -> None:
     proxy = start_vllm_proxy(max_prompt_tokens=100, max_completion_tokens=8)
-    client = openai.OpenAI(base_url=proxy.api_base, api_key="x", max_retries=0)
+    client = closing(openai.OpenAI(base_url=proxy.api_base, api_key="x", max_retries=0))
     before = vllm_idle.metrics().value("vllm:prompt_tokens_total")
     with pytest.raises(openai.BadRequestError) as info:
         client.completions.create(
@@ -67,7 +68,7 @@ def test_a_raw_prompt_over_the_budget_never_reaches_the_engine(
 
 @pytest.mark.parametrize("tokenizer", ["hf", "upstream"])
 def test_count_tokens_is_the_engines(
-    tokenizer: str, start_vllm_proxy: StartVllmProxy, vllm_idle: VllmStack
+    closing: Closing, tokenizer: str, start_vllm_proxy: StartVllmProxy, vllm_idle: VllmStack
 ) -> None:
     settings: dict[str, Any] = {}
     if tokenizer == "upstream":
@@ -92,7 +93,7 @@ def test_count_tokens_is_the_engines(
             {"role": "user", "content": [{"type": "text", "text": "And in Rome tomorrow?"}]},
         ],
     }
-    client = anthropic.Anthropic(base_url=proxy.url, api_key="x", max_retries=0)
+    client = closing(anthropic.Anthropic(base_url=proxy.url, api_key="x", max_retries=0))
     for sent in (body, {k: v for k, v in body.items() if k not in ("tools", "tool_choice")}):
         counted = client.messages.count_tokens(**sent)
         engine = httpx.post(

@@ -29,6 +29,7 @@ import pytest
 from bench.replicas import start_all
 from tests.e2e.conftest import ENGINE_NICE
 from tests.observability.promtext import scrape
+from tests.support.closing import Closing
 from tests.support.processes import ProxyProcess, free_port
 from tests.support.vllm_stack import EngineMetrics, VllmStack, build_vllm_model
 
@@ -101,9 +102,11 @@ def kill_the_busiest(engines: list[VllmStack]) -> VllmStack:
     return victim
 
 
-def test_a_stream_survives_its_vllm_engine_killed_mid_answer(engines: list[VllmStack]) -> None:
+def test_a_stream_survives_its_vllm_engine_killed_mid_answer(
+    closing: Closing, engines: list[VllmStack]
+) -> None:
     with ProxyProcess(proxy_settings(engines)) as proxy:
-        client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="x", max_retries=0)
+        client = closing(openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="x", max_retries=0))
         stream = client.chat.completions.create(
             model=engines[0].model,
             messages=[{"role": "user", "content": "Tell me a long story about a river."}],
@@ -147,6 +150,7 @@ def test_a_stream_survives_its_vllm_engine_killed_mid_answer(engines: list[VllmS
 
 
 def test_a_responses_stream_survives_its_vllm_engine_killed_mid_answer(
+    closing: Closing,
     engines: list[VllmStack],
 ) -> None:
     """The Responses dialect: the survivor gets the partial answer as a final assistant
@@ -154,7 +158,7 @@ def test_a_responses_stream_survives_its_vllm_engine_killed_mid_answer(
     the SDK reads one response, its events numbered on, its last one carrying the
     whole text."""
     with ProxyProcess(proxy_settings(engines)) as proxy:
-        client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="x", max_retries=0)
+        client = closing(openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="x", max_retries=0))
         events: list[Any] = []
         texts: list[str] = []
         victim: VllmStack | None = None

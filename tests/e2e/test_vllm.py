@@ -29,6 +29,7 @@ import pytest
 
 from proxy.plan.engine import parse_cache_config
 from tests.e2e.conftest import VLLM_API_KEY, VLLM_MAX_MODEL_LEN, StartVllmProxy
+from tests.support.closing import Closing
 from tests.support.processes import ProxyProcess
 from tests.support.tiny_model import render_fastchat_prompt
 from tests.support.vllm_stack import EngineMetrics, VllmStack
@@ -280,7 +281,7 @@ ERROR_CASES: dict[str, dict[str, Any]] = {
 
 
 def test_vllm_error_bodies_pass_through_byte_for_byte(
-    vllm_idle: VllmStack, start_vllm_proxy: StartVllmProxy
+    closing: Closing, vllm_idle: VllmStack, start_vllm_proxy: StartVllmProxy
 ) -> None:
     # Trimming off in effect: a window far above the engine's, a counter that needs
     # nothing from it, so that vLLM itself refuses.
@@ -310,7 +311,7 @@ def test_vllm_error_bodies_pass_through_byte_for_byte(
     ).json()["error"]["message"]
     assert f"maximum context length is {VLLM_MAX_MODEL_LEN} tokens" in message
     # The SDK raises its own error type from the relayed body.
-    client = openai.OpenAI(base_url=proxy.api_base, api_key="x", max_retries=0)
+    client = closing(openai.OpenAI(base_url=proxy.api_base, api_key="x", max_retries=0))
     with pytest.raises(openai.BadRequestError, match="maximum context length"):
         client.chat.completions.create(model="tiny-chat", messages=LONG_PROMPT)  # type: ignore[arg-type]
     client.close()

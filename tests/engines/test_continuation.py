@@ -323,6 +323,7 @@ def test_a_cut_messages_stream_ends_in_anthropics_error_event(sims: list[SimUpst
             default_headers={"x-sim-cut-after": "5"},
         )
         with (
+            client,
             pytest.raises(anthropic.APIError),
             client.messages.stream(
                 model="sim-model", max_tokens=30, messages=[{"role": "user", "content": "hi"}]

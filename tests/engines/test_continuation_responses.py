@@ -45,9 +45,12 @@ def client(proxy: ProxyProcess, how: str) -> openai.OpenAI:
 
 
 def stream_events(proxy: ProxyProcess, how: str, **extra: Any) -> list[Any]:
-    with client(proxy, how).responses.stream(
-        model="sim-model", input="tell me a long story", max_output_tokens=ANSWER, **extra
-    ) as stream:
+    with (
+        client(proxy, how) as sdk,
+        sdk.responses.stream(
+            model="sim-model", input="tell me a long story", max_output_tokens=ANSWER, **extra
+        ) as stream,
+    ):
         return list(stream)
 
 
@@ -64,7 +67,8 @@ def test_a_cut_responses_stream_is_continued_as_one_response(
         assert continued_count(proxy, reason=reason) == 1
         done = events[-1].response
         # The stored response (previous_response_id) is the whole, re-framed one.
-        stored = client(proxy, how).responses.retrieve(done.id)
+        with client(proxy, how) as sdk:
+            stored = sdk.responses.retrieve(done.id)
         log = proxy.logs()
     kinds = [e.type for e in events]
     for opening in ("response.created", "response.in_progress", "response.output_item.added",

@@ -22,6 +22,7 @@ from proxy.upstream import Upstream
 from tests.hardening.raw import CHAT, HELLO, request
 from tests.observability.promtext import scrape
 from tests.support.bad_upstream import BadUpstream
+from tests.support.closing import Closing
 from tests.support.inprocess import make_settings
 from tests.support.processes import ProxyProcess
 
@@ -116,6 +117,7 @@ def test_small_body_cut_off_before_anything_went_out_is_a_clean_502(
 )
 @pytest.mark.parametrize("path", [CHAT, "/v1/embeddings"])
 def test_large_body_cut_off_mid_answer_breaks_the_transfer(
+    closing: Closing,
     proxy: ProxyProcess,
     bad_upstream: BadUpstream,
     behaviour: str,
@@ -126,7 +128,7 @@ def test_large_body_cut_off_mid_answer_breaks_the_transfer(
     before = errors(proxy, "protocol")
     with pytest.raises(httpx.RemoteProtocolError):
         httpx.post(proxy.url + path, json=HELLO, timeout=30)
-    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="unused", max_retries=0)
+    client = closing(openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="unused", max_retries=0))
     with pytest.raises(openai.APIError):
         client.chat.completions.create(
             model="bad-model", messages=[{"role": "user", "content": "x"}]
@@ -137,7 +139,7 @@ def test_large_body_cut_off_mid_answer_breaks_the_transfer(
 
 @pytest.mark.parametrize("dialect", ["vllm", "fastchat"])
 def test_stream_cut_off_ends_with_an_error_event_and_a_broken_transfer(
-    proxy: ProxyProcess, bad_upstream: BadUpstream, dialect: str
+    closing: Closing, proxy: ProxyProcess, bad_upstream: BadUpstream, dialect: str
 ) -> None:
     bad_upstream.behave("cut_sse", dialect=dialect, events=3)
     before = errors(proxy, "protocol")
@@ -154,7 +156,7 @@ def test_stream_cut_off_ends_with_an_error_event_and_a_broken_transfer(
     assert "data: [DONE]" not in lines
     assert errors(proxy, "protocol") == before + 1
     # The openai SDK raises on the error event instead of ending quietly.
-    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="unused", max_retries=0)
+    client = closing(openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="unused", max_retries=0))
     stream = client.chat.completions.create(
         model="bad-model", messages=[{"role": "user", "content": "x"}], stream=True
     )
