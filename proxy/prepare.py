@@ -121,6 +121,15 @@ def untrimmed(raw: bytes, chat: ChatRequest, upstream: ChatRequest) -> bytes:
     return raw if upstream is chat else orjson.dumps(upstream.body)
 
 
+def written_cap(allowance: Allowance, headers: dict[str, str]) -> int | None:
+    """The completion tokens to write into a dialect's body when the cap lowered or
+    filled them in (its header goes in ``headers``); None when the client's stand."""
+    if allowance.source != "cap":
+        return None
+    headers.update(capped_headers(allowance))
+    return allowance.tokens
+
+
 def apply_allowance(
     svc: Services, chat: ChatRequest, headers: dict[str, str]
 ) -> tuple[ChatRequest, Allowance]:

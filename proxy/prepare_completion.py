@@ -16,7 +16,6 @@ import time
 from collections.abc import Mapping
 from dataclasses import replace
 
-from proxy.admission.allowance import capped_headers
 from proxy.dependencies import Services
 from proxy.dialects import completions
 from proxy.dialects.conversation import Conversation
@@ -30,6 +29,7 @@ from proxy.prepare import (
     model_series,
     note_forwarded,
     note_model,
+    written_cap,
 )
 from proxy.sessions.identity import identify
 from proxy.types import PromptLimit
@@ -84,10 +84,7 @@ async def prepare_completion(
     note_model(svc.settings.max_model_name_length, conv.model, facts, "completions")
     out: dict[str, str] = {}
     allowance = completion_allowance(svc, conv)
-    cap = None
-    if allowance.source == "cap":
-        out.update(capped_headers(allowance))
-        cap = allowance.tokens
+    cap = written_cap(allowance, out)
     limit = await limit_for(svc, conv, allowance)
     if limit is not None:
         _refuse_surely_too_long(svc, conv, limit)

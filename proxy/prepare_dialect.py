@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from proxy.admission.allowance import Allowance, capped_headers
 from proxy.admission.overrun import AnswerShape
 from proxy.choices import Endpoint
 from proxy.dependencies import Services
@@ -34,6 +33,7 @@ from proxy.prepare import (
     session_identity,
     session_step,
     trim_to,
+    written_cap,
 )
 from proxy.sessions.identity import Identity
 from proxy.trimming import TrimResult, fits_whole
@@ -131,7 +131,7 @@ async def prepare_conversation(
     if ident is not None and svc.sessions is not None:
         history_start = await session_step(svc, ident, view, facts, out, w.endpoint)
     allowance = completion_allowance(svc, conv)
-    cap = _capped(allowance, out)
+    cap = written_cap(allowance, out)
     limit = await limit_for(svc, conv, allowance)
     budget = None if limit is None else limit.budget
     messages, owner = w.to_chat(conv, range(len(conv.items)))
@@ -168,11 +168,3 @@ async def prepare_conversation(
         series=metrics, session_key=ident.key if ident else None, stream=conv.stream,
         shape=w.answer, counted_in=counted_in,
     )  # fmt: skip
-
-
-def _capped(allowance: Allowance, out: dict[str, str]) -> int | None:
-    """The completion tokens to write into the body (the cap lowered or filled them in)."""
-    if allowance.source != "cap":
-        return None
-    out.update(capped_headers(allowance))
-    return allowance.tokens
