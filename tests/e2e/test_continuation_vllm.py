@@ -1,7 +1,8 @@
 """A streamed answer outlives its engine, on real vLLM: two engines (CPU build, tiny
-model) behind trimproxy, a streamed answer of 400 tokens (chat, then the Responses
+model) behind trimproxy, a streamed answer of 1,500 tokens (chat, then the Responses
 dialect), and the engine that generates it SIGKILLed (its whole process group) after
-the client read ~100 of them (docs/architecture.md §23). Each test starts its own pair.
+the client read ~100 of them (an answer this long is still being generated then,
+however slowly the client reads) (docs/architecture.md §23). Each test starts its own pair.
 
 The ``openai`` SDK reads one complete answer; the other engine's own request log
 (``--enable-log-requests`` at DEBUG) shows the prompt it was given: the conversation
@@ -19,7 +20,7 @@ import os
 import re
 import signal
 from collections.abc import Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import httpx
@@ -35,7 +36,7 @@ from tests.support.vllm_stack import EngineMetrics, VllmStack, build_vllm_model
 
 pytestmark = pytest.mark.vllm
 
-ANSWER = 400
+ANSWER = 1500
 KILL_AFTER = 100
 _BODY = re.compile(r"Request \S+ JSON body: (\{.*\})$", re.MULTILINE)
 _PROMPT = re.compile(r"Request (\S+) details: prompt: ('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")")
@@ -95,9 +96,23 @@ def proxy_settings(engines: list[VllmStack]) -> dict[str, Any]:
     }
 
 
-def kill_the_busiest(engines: list[VllmStack]) -> VllmStack:
-    victim = max(engines, key=running)
+@contextmanager
+def failing_with_the_log(proxy: ProxyProcess) -> Iterator[None]:
+    """An error event the SDK raises fails the test with the proxy's log, which says why
+    the answer was not continued."""
+    try:
+        yield
+    except openai.APIError as exc:
+        pytest.fail(f"{exc}\nthe proxy's log:\n{proxy.logs()[-4000:]}")
+
+
+def kill_the_one_answering(engines: list[VllmStack]) -> VllmStack:
+    """SIGKILL the engine the answer is on: the one whose request log holds a request
+    (the other has had none yet); it must still be generating, or there is nothing to
+    continue."""
+    victim = next(e for e in engines if bodies(e))
     assert victim.proc is not None
+    assert running(victim) >= 1, "the engine finished the answer before the kill: raise ANSWER"
     os.killpg(victim.proc.pid, signal.SIGKILL)
     return victim
 
@@ -117,16 +132,17 @@ def test_a_stream_survives_its_vllm_engine_killed_mid_answer(
         )
         ids, texts, finishes, usage = set(), [], [], None
         victim: VllmStack | None = None
-        for chunk in stream:  # raises openai.APIError on an error event
-            ids.add(chunk.id)
-            for choice in chunk.choices:
-                texts.append(choice.delta.content or "")
-                if choice.finish_reason:
-                    finishes.append(choice.finish_reason)
-            if chunk.usage is not None:
-                usage = chunk.usage
-            if victim is None and len(texts) >= KILL_AFTER:
-                victim = kill_the_busiest(engines)
+        with failing_with_the_log(proxy):
+            for chunk in stream:  # raises openai.APIError on an error event
+                ids.add(chunk.id)
+                for choice in chunk.choices:
+                    texts.append(choice.delta.content or "")
+                    if choice.finish_reason:
+                        finishes.append(choice.finish_reason)
+                if chunk.usage is not None:
+                    usage = chunk.usage
+                if victim is None and len(texts) >= KILL_AFTER:
+                    victim = kill_the_one_answering(engines)
         continued = scrape(proxy.url).value("trimproxy_answers_continued_total", reason="reset")
         log = proxy.logs()
     assert victim is not None
@@ -134,7 +150,7 @@ def test_a_stream_survives_its_vllm_engine_killed_mid_answer(
     text = "".join(texts)
     assert len(ids) == 1 and finishes == ["length"]
     assert usage is not None and usage.completion_tokens >= ANSWER - 5
-    assert continued == 1 and '"continued":"reset@' in log
+    assert continued == 1 and '"continued":"reset@' in log, log[-4000:]
     # The survivor was asked to continue the partial answer: the request it received
     # ends with it as the final assistant message, to continue; the prompt it rendered
     # ends with that text, its turn left open; the client's answer goes on from it.
@@ -162,18 +178,21 @@ def test_a_responses_stream_survives_its_vllm_engine_killed_mid_answer(
         events: list[Any] = []
         texts: list[str] = []
         victim: VllmStack | None = None
-        with client.responses.stream(
-            model=engines[0].model,
-            input="Tell me a long story about a river.",
-            max_output_tokens=ANSWER,
-            extra_body={"ignore_eos": True},
-        ) as stream:
+        with (
+            client.responses.stream(
+                model=engines[0].model,
+                input="Tell me a long story about a river.",
+                max_output_tokens=ANSWER,
+                extra_body={"ignore_eos": True},
+            ) as stream,
+            failing_with_the_log(proxy),
+        ):
             for event in stream:  # raises openai.APIError on an error event
                 events.append(event)
                 if event.type == "response.output_text.delta":
                     texts.append(event.delta)
                 if victim is None and len(texts) >= KILL_AFTER:
-                    victim = kill_the_busiest(engines)
+                    victim = kill_the_one_answering(engines)
         continued = scrape(proxy.url).value("trimproxy_answers_continued_total", reason="reset")
         log = proxy.logs()
     assert victim is not None
@@ -185,7 +204,7 @@ def test_a_responses_stream_survives_its_vllm_engine_killed_mid_answer(
     done = events[-1].response
     assert done.id == events[0].response.id and done.output_text == text
     assert done.usage is not None and done.usage.output_tokens >= ANSWER - 5
-    assert continued == 1 and '"continued":"reset@' in log
+    assert continued == 1 and '"continued":"reset@' in log, log[-4000:]
     asked = [b for b in bodies(survivor) if isinstance(b.get("input"), list)]
     assert len(asked) == 1, bodies(survivor)
     assert asked[0]["max_output_tokens"] < ANSWER
