@@ -3,20 +3,17 @@ engine, through the official SDKs.
 
 They need an engine of their own (``agent_engine``, started for this module): the
 session's model (``vllm_stack``) has a FastChat-parity template that refuses a
-``tool`` message and renders no tools, and a 2,048 window. This one is the same
-weights with a ChatML template that renders tools and tool messages (as Qwen's and
-Hermes' do), a window of 8,192 (its KV cache holds 10,240 tokens), and vLLM's auto
-tool choice on (``--enable-auto-tool-choice --tool-call-parser hermes``), which a
-Messages request with tools needs.
+``tool`` message and renders no tools, and a 2,048 window. This one
+(``tests.support.agent_engine``) is the same weights with a ChatML template that
+renders tools and tool messages, a window of 8,192 (its KV cache holds 10,240
+tokens), and vLLM's auto tool choice on.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import shutil
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import anthropic
@@ -24,6 +21,14 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import ENGINE_NICE, ENGINE_START_TIMEOUT, VLLM_API_KEY
+from tests.support.agent_engine import (
+    AGENT_TOOLS,
+    AgentProxies,
+    agent_history,
+    agent_stack,
+    agent_system,
+    agent_tools,
+)
 from tests.support.closing import Closing
 from tests.support.dialect_clients import (
     MAX_TOKENS,
@@ -35,59 +40,20 @@ from tests.support.dialect_clients import (
 )
 from tests.support.processes import ProxyProcess
 from tests.support.tiny_model import MODEL_NAME
-from tests.support.vllm_stack import VllmStack, build_vllm_model
+from tests.support.vllm_stack import VllmStack
 
 pytestmark = pytest.mark.vllm
 
 AGENT_WINDOW = 8192
-#: ChatML with tools, as Qwen's and Hermes' templates render them: the tools in the
-#: system message, calls in the assistant message, results as ``tool`` messages.
-AGENT_TEMPLATE = (
-    "{%- if messages and messages[0]['role'] == 'system' -%}"
-    "{%- set system = messages[0]['content'] -%}{%- set rest = messages[1:] -%}"
-    "{%- else -%}{%- set system = 'You are a helpful assistant.' -%}"
-    "{%- set rest = messages -%}{%- endif -%}"
-    "{{- '<|im_start|>system\\n' + system -}}"
-    "{%- if tools -%}{{- '\\n\\n# Tools\\n<tools>' -}}"
-    "{%- for tool in tools -%}{{- '\\n' + (tool | tojson) -}}{%- endfor -%}"
-    "{{- '\\n</tools>' -}}{%- endif -%}"
-    "{{- '<|im_end|>\\n' -}}"
-    "{%- for message in rest -%}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
-    "{%- if message['content'] is string -%}{{- message['content'] -}}{%- endif -%}"
-    "{%- for call in message.get('tool_calls') or [] -%}"
-    "{{- '\\n<tool_call>\\n{\"name\": \"' + call['function']['name'] + '\", \"arguments\": ' -}}"
-    "{{- call['function']['arguments'] | tojson -}}{{- '}\\n</tool_call>' -}}"
-    "{%- endfor -%}"
-    "{{- '<|im_end|>\\n' -}}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
-)
-
-
-def _agent_model(folder: Path) -> Path:
-    """The session model's weights with the agent template and an 8,192 window."""
-    source = build_vllm_model()
-    target = folder / MODEL_NAME
-    shutil.copytree(source, target)
-    config = json.loads((target / "config.json").read_text())
-    config["max_position_embeddings"] = AGENT_WINDOW
-    (target / "config.json").write_text(json.dumps(config))
-    tokenizer = json.loads((target / "tokenizer_config.json").read_text())
-    tokenizer.update(chat_template=AGENT_TEMPLATE, model_max_length=AGENT_WINDOW)
-    (target / "tokenizer_config.json").write_text(json.dumps(tokenizer))
-    return target
 
 
 @pytest.fixture(scope="module")
 def agent_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmStack]:
-    model = _agent_model(tmp_path_factory.mktemp("agent-model"))
-    with VllmStack(
-        model,
+    folder = tmp_path_factory.mktemp("agent-model")
+    with agent_stack(
+        folder,
+        AGENT_WINDOW,
         api_key=VLLM_API_KEY,
-        max_model_len=AGENT_WINDOW,
-        kv_blocks=(AGENT_WINDOW + 2048) // 32,
-        extra_args=("--enable-auto-tool-choice", "--tool-call-parser", "hermes"),
         nice=ENGINE_NICE,
         startup_timeout=ENGINE_START_TIMEOUT,
     ) as engine:
@@ -96,23 +62,10 @@ def agent_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmStack
 
 
 @pytest.fixture
-def agent_proxy(agent_engine: VllmStack) -> Iterator[Any]:
-    started: list[ProxyProcess] = []
-
-    def start(**settings: Any) -> ProxyProcess:
-        merged = {
-            "upstream_url": agent_engine.base_url,
-            "upstream_api_key": VLLM_API_KEY,
-            "tokenizer": f"hf:{agent_engine.model_dir}",
-            **settings,
-        }
-        proxy = ProxyProcess(settings=merged, startup_timeout=120.0)
-        started.append(proxy)
-        return proxy.start()
-
-    yield start
-    for proxy in started:
-        proxy.stop()
+def agent_proxy(agent_engine: VllmStack) -> Iterator[Callable[..., ProxyProcess]]:
+    proxies = AgentProxies(agent_engine)
+    yield proxies.start
+    proxies.stop_all()
 
 
 TOOL_TURNS = 12
@@ -247,35 +200,6 @@ def _direct(engine: VllmStack, dialect: str, system: str, items: list[Any], tool
 
 
 AGENT_CAP = 1024
-AGENT_TOOLS = 24
-
-
-def _agent_tools() -> list[dict[str, Any]]:
-    return [
-        {
-            "name": f"tool_{i}",
-            "description": f"Tool {i}: {prose(500 + i, 12)}.",
-            "input_schema": {
-                "type": "object",
-                "properties": {
-                    "path": {"type": "string", "description": prose(600 + i, 4)},
-                    "limit": {"type": "integer", "description": prose(700 + i, 4)},
-                },
-                "required": ["path"],
-            },
-        }
-        for i in range(AGENT_TOOLS)
-    ]
-
-
-def _agent_history(turns: int) -> list[dict[str, Any]]:
-    history: list[dict[str, Any]] = []
-    for t in range(1, turns + 1):
-        history += [
-            {"role": "user", "content": f"Step {t}: {prose(800 + t, 60)}"},
-            {"role": "assistant", "content": f"Done {t}: {prose(900 + t, 40)}."},
-        ]
-    return [*history, {"role": "user", "content": "Next step, please."}]
 
 
 def test_a_coding_agents_request_is_served_on_an_8k_engine(
@@ -289,16 +213,18 @@ def test_a_coding_agents_request_is_served_on_an_8k_engine(
     400 agent clients act on. The same request with the system prompt cut to what
     fits beside the tools (and 30 turns of history past the window) is trimmed and
     served: 200, the answer capped. (The tools' descriptions are shorter than a real
-    agent's: their JSON alone costs this tokenizer ~200 tokens a tool.)
+    agent's: their JSON alone costs this tokenizer ~200 tokens a tool.) The full
+    request served whole on an engine whose window holds it:
+    ``test_agent_window_vllm.py``.
     """
     proxy = agent_proxy(max_completion_tokens=AGENT_CAP)
     client = closing(anthropic.Anthropic(base_url=proxy.url, api_key="unused", max_retries=0))
-    system = prose(75, 16_000)[: 75 * 1024]
+    system = agent_system()
     request: dict[str, Any] = {
         "model": MODEL_NAME,
         "system": system,
-        "tools": _agent_tools(),
-        "messages": _agent_history(30),
+        "tools": agent_tools(),
+        "messages": agent_history(30),
         "max_tokens": 32_000,
     }
     # Streamed, as agents send it (the SDK streams any request this long).
