@@ -295,16 +295,28 @@ async def readyz(request: Request) -> Response:
 
 
 async def store_refuses(svc: Services) -> str | None:
-    """Why every chat request would be refused now, when the session store is down
-    and ``TRIMPROXY_SESSION_STORE_FAILURE=closed`` refuses what it cannot check; None
-    otherwise (``open`` serves without the store, and stays ready)."""
-    sessions = svc.sessions
-    if sessions is None or sessions.failure != "closed" or await sessions.store.ping():
+    """Why every request would be refused now, when the session store or the KV
+    admission ledger is down and ``TRIMPROXY_SESSION_STORE_FAILURE=closed`` refuses what
+    it cannot check; None otherwise (``open`` serves without them, and stays ready)."""
+    if svc.settings.session_store_failure != "closed":
         return None
-    return (
-        f"the session store ({sessions.store.name}, TRIMPROXY_REDIS_URL) does not answer, "
-        "and TRIMPROXY_SESSION_STORE_FAILURE=closed refuses every request it cannot check"
-    )
+    sessions = svc.sessions
+    if sessions is not None and not await sessions.store.ping():
+        return (
+            f"the session store ({sessions.store.name}, TRIMPROXY_REDIS_URL) does not "
+            "answer, and TRIMPROXY_SESSION_STORE_FAILURE=closed refuses every request it "
+            "cannot check"
+        )
+    # Every engine's ledger is in the one Redis: asking one asks them all. A ledger
+    # without a capacity yet admits unmetered, never asking the store.
+    metered = [g.ledger for g in svc.gates.values() if g.ledger.capacity is not None]
+    if metered and not await metered[0].ping():
+        return (
+            f"the KV admission ledger ({metered[0].name}, TRIMPROXY_REDIS_URL) does not "
+            "answer, and TRIMPROXY_SESSION_STORE_FAILURE=closed refuses every request it "
+            "cannot admit"
+        )
+    return None
 
 
 async def metrics(request: Request) -> Response:

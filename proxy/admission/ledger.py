@@ -133,6 +133,10 @@ class Ledger(Protocol):
         """Tokens this process holds now (summed over processes, the gauge adds up)."""
         ...
 
+    async def ping(self) -> bool:
+        """Whether the store it keeps its line in answers (a memory ledger always does)."""
+        ...
+
     async def aclose(self) -> None: ...
 
 
@@ -232,6 +236,9 @@ class MemoryLedger:
                 head.future.set_result(self._grant(charge, now - head.since))
             else:
                 head.future.set_result(unmetered(now - head.since))
+
+    async def ping(self) -> bool:
+        return True
 
     async def aclose(self) -> None:
         while self._queue:

@@ -345,6 +345,17 @@ class RedisLedger:
             )
             self.down_since = None
 
+    async def ping(self) -> bool:
+        try:
+            async with asyncio.timeout(self.timeout):
+                await self.client.ping()
+        except _FAILURES:
+            return False
+        # Answered: the next request asks Redis again now, not after the retry
+        # interval, so that a /readyz that says ready is what that request meets.
+        self._retry_at = 0.0
+        return True
+
     async def aclose(self) -> None:
         if self._refresher is not None:
             self._refresher.cancel()

@@ -1,8 +1,9 @@
 """Readiness and the model list follow what every request needs.
 
 ``/readyz`` is not ready while every chat request would be refused: the session
-store (real Redis) is down and ``TRIMPROXY_SESSION_STORE_FAILURE=closed``; ready again
-once it is back. With ``open`` the proxy serves without the store and stays ready.
+store or the KV admission ledger (real Redis) is down and
+``TRIMPROXY_SESSION_STORE_FAILURE=closed``; ready again once it is back. With
+``open`` the proxy serves without the store and stays ready.
 ``GET /v1/models`` with every engine down is the 503 ``no_engine_available`` with
 ``Retry-After`` that chat answers, not a 502 naming the first engine.
 """
@@ -49,6 +50,33 @@ def test_readyz_is_not_ready_while_a_closed_session_store_is_down(
     assert "TRIMPROXY_SESSION_STORE_FAILURE=closed" in body["detail"], body
     assert "TRIMPROXY_REDIS_URL" in body["detail"]
     # What readiness says is what a request meets.
+    refused = request(proxy.url, "POST", CHAT, HELLO)
+    assert refused.status == 503 and refused.error_code == "session_store_unavailable"
+
+    redis_server.start()  # the same port
+    back = ready_when(proxy, 200)
+    assert back.status == 200, back.body
+    assert request(proxy.url, "POST", CHAT, HELLO).status == 200
+
+
+@pytest.mark.redis
+def test_readyz_is_not_ready_while_a_closed_kv_ledger_is_down(
+    proxy_server: StartProxy, redis_server: RedisServer
+) -> None:
+    """No session limits: Redis holds only the KV admission ledger."""
+    proxy = proxy_server(
+        redis_url=redis_server.url,
+        session_store_failure="closed",
+        tokenizer="approx",
+        kv_admission="100000",
+    )
+    assert request(proxy.url, "POST", CHAT, HELLO).status == 200
+    assert request(proxy.url, "GET", "/readyz").status == 200
+    redis_server.stop()
+    down = ready_when(proxy, 503)
+    assert down.status == 503, down.body
+    detail = down.json()["detail"]
+    assert "KV admission ledger" in detail and "TRIMPROXY_SESSION_STORE_FAILURE=closed" in detail
     refused = request(proxy.url, "POST", CHAT, HELLO)
     assert refused.status == 503 and refused.error_code == "session_store_unavailable"
 
