@@ -35,12 +35,6 @@ import time
 from collections.abc import Callable
 from typing import Any, Literal
 
-from redis.asyncio import BlockingConnectionPool, Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
-
 from proxy.admission.capacity import Capacity
 from proxy.admission.ledger import (
     AdmissionTimeout,
@@ -49,10 +43,9 @@ from proxy.admission.ledger import (
     Reservation,
     unmetered,
 )
+from proxy.redis_client import FAILURES, answers, connect
 
 log = logging.getLogger("trimproxy.admission")
-
-_FAILURES = (RedisError, OSError, TimeoutError)
 
 # KEYS: queue, alive, leases, tokens, seq. ARGV: ticket, charge, capacity, lease ms,
 # waiter ms. Returns {granted (0/1), tokens reserved, place in line (0 = head)}.
@@ -149,16 +142,7 @@ class RedisLedger:
         retry_interval: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        pool = BlockingConnectionPool.from_url(
-            url,
-            max_connections=64,
-            timeout=timeout,
-            socket_connect_timeout=timeout,
-            socket_timeout=None,  # one deadline per call instead (see proxy/sessions)
-            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
-        )
-        self.client: Redis = Redis.from_pool(pool)
-        self.target = _describe(pool)
+        self.client, self.target = connect(url, timeout)
         prefix = f"trimproxy:kv:{namespace(upstream_url)}:"
         self.keys = [prefix + k for k in ("queue", "alive", "leases", "tokens", "seq")]
         self._acquire = self.client.register_script(ACQUIRE_LUA)
@@ -237,7 +221,7 @@ class RedisLedger:
                         await self._changed.wait()
                 capacity = self._capacity or capacity
                 charge = capacity.charge(tokens)
-        except _FAILURES as exc:
+        except FAILURES as exc:
             self._failed(exc)
             self._spawn(self._leave([ticket]))
             return await self._degraded(tokens, max(0.0, deadline - self.clock()))
@@ -271,7 +255,7 @@ class RedisLedger:
         try:
             async with asyncio.timeout(self.timeout):
                 await self._grow(keys=self.keys[3:4], args=[ticket, tokens])
-        except _FAILURES as exc:
+        except FAILURES as exc:
             # Other replicas see less than the engine holds until this answer ends.
             log.debug("growing a KV reservation failed: %s", exc)
 
@@ -279,7 +263,7 @@ class RedisLedger:
         try:
             async with asyncio.timeout(self.timeout):
                 await self._release(keys=self.keys[:4], args=tickets)
-        except _FAILURES as exc:
+        except FAILURES as exc:
             # The lease runs out on its own within lease_ttl; nothing leaks for good.
             log.debug("releasing %d KV reservation(s) failed: %s", len(tickets), exc)
         finally:
@@ -305,7 +289,7 @@ class RedisLedger:
                     lost = await self._refresh(
                         keys=self.keys[2:4], args=[_ms(self.lease_ttl), *tickets]
                     )
-            except _FAILURES as exc:
+            except FAILURES as exc:
                 log.debug("refreshing KV leases failed: %s", exc)
                 continue
             if lost:
@@ -346,10 +330,7 @@ class RedisLedger:
             self.down_since = None
 
     async def ping(self) -> bool:
-        try:
-            async with asyncio.timeout(self.timeout):
-                await self.client.ping()
-        except _FAILURES:
+        if not await answers(self.client, self.timeout):
             return False
         # Answered: the next request asks Redis again now, not after the retry
         # interval, so that a /readyz that says ready is what that request meets.
@@ -368,13 +349,6 @@ class RedisLedger:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.fallback.aclose()
         await self.client.aclose()
-
-
-def _describe(pool: BlockingConnectionPool) -> str:
-    """``redis host:port/db`` for logs: never the password."""
-    kw = pool.connection_kwargs
-    where = kw.get("path") or f"{kw.get('host', 'localhost')}:{kw.get('port', 6379)}"
-    return f"redis {where}/{kw.get('db', 0)}"
 
 
 def _ms(seconds: float) -> int:

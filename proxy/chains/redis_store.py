@@ -19,14 +19,9 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from redis.asyncio import BlockingConnectionPool, Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
-
 from proxy.chains.entry import Stored
 from proxy.chains.store import StoreUnavailable
+from proxy.redis_client import FAILURES, answers, connect
 
 log = logging.getLogger("trimproxy.responses")
 
@@ -48,22 +43,11 @@ class RedisStore:
         retry_interval: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        pool = BlockingConnectionPool.from_url(
-            url,
-            max_connections=max_connections,
-            timeout=timeout,
-            socket_connect_timeout=timeout,
-            socket_timeout=None,  # one deadline per call instead (``_call``)
-            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
-        )
-        self.client: Redis = Redis.from_pool(pool)
+        self.client, self.target = connect(url, timeout, max_connections)
         self.ttl_ms = max(1, round(ttl * 1000))
         self.timeout = timeout
         self.retry_interval = retry_interval
         self.clock = clock
-        kw = pool.connection_kwargs
-        where = kw.get("path") or f"{kw.get('host', 'localhost')}:{kw.get('port', 6379)}"
-        self.target = f"redis {where}/{kw.get('db', 0)}"  # never the password
         self.down_since: float | None = None
         self.retry_at = 0.0
 
@@ -86,7 +70,7 @@ class RedisStore:
             # never lands on the next command.
             async with asyncio.timeout(self.timeout):
                 result = await command()
-        except (RedisError, OSError, TimeoutError) as exc:
+        except FAILURES as exc:
             now = self.clock()
             self.retry_at = now + self.retry_interval
             if self.down_since is None:
@@ -107,12 +91,7 @@ class RedisStore:
         return None  # shared state: the gauge of one replica would mislead
 
     async def ping(self) -> bool:
-        try:
-            async with asyncio.timeout(self.timeout):
-                await self.client.ping()
-        except (RedisError, OSError, TimeoutError):
-            return False
-        return True
+        return await answers(self.client, self.timeout)
 
     async def aclose(self) -> None:
         await self.client.aclose()

@@ -24,12 +24,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from redis.asyncio import BlockingConnectionPool, Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
-
+from proxy.redis_client import FAILURES, answers, connect
 from proxy.sessions.identity import HASH_HEX, ConversationHashes
 from proxy.sessions.rule import MAX_RESET_POINTS, Decision, Limits
 from proxy.sessions.store import StoreUnavailable
@@ -118,23 +113,11 @@ class RedisStore:
         log_interval: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        pool = BlockingConnectionPool.from_url(
-            url,
-            max_connections=max_connections,
-            timeout=timeout,  # waiting for a free connection
-            socket_connect_timeout=timeout,
-            # No per-read timeout: ``admit`` puts one deadline on the whole call, which
-            # costs one timer instead of one per socket read (docs/performance.md §6).
-            socket_timeout=None,
-            # One immediate retry on a broken connection: the pooled sockets of a
-            # Redis that restarted fail once, then reconnect. Timeouts are not retried.
-            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
-        )
-        self.client: Redis = Redis.from_pool(pool)  # the client owns and closes the pool
+        self.client, target = connect(url, timeout, max_connections)
         self.script = self.client.register_script(ADMIT_LUA)
         self.timeout = timeout
         self.clock = clock
-        self.outage = Outage(_describe(pool), failure, retry_interval, log_interval)
+        self.outage = Outage(target, failure, retry_interval, log_interval)
 
     async def admit(self, key: str, hashes: ConversationHashes, limits: Limits) -> Decision:
         now = self.clock()
@@ -155,7 +138,7 @@ class RedisStore:
             # was cancelled, so a late reply never lands on the next command.
             async with asyncio.timeout(self.timeout):
                 raw = await self.script(keys=[KEY_PREFIX + key], args=args)
-        except (RedisError, OSError, TimeoutError) as exc:
+        except FAILURES as exc:
             self.outage.failed(self.clock(), exc)
             raise StoreUnavailable(self.outage.target) from exc
         self.outage.recovered(self.clock())
@@ -166,10 +149,7 @@ class RedisStore:
         return None  # shared state: the gauge of one replica would mislead
 
     async def ping(self) -> bool:
-        try:
-            async with asyncio.timeout(self.timeout):
-                await self.client.ping()
-        except (RedisError, OSError, TimeoutError):
+        if not await answers(self.client, self.timeout):
             return False
         # Answered: requests ask it again now, not after the outage's retry interval,
         # so that a /readyz that says ready is what the next request meets.
@@ -178,13 +158,6 @@ class RedisStore:
 
     async def aclose(self) -> None:
         await self.client.aclose()
-
-
-def _describe(pool: BlockingConnectionPool) -> str:
-    """``redis host:port/db`` for logs: never the password."""
-    kw = pool.connection_kwargs
-    where = kw.get("path") or f"{kw.get('host', 'localhost')}:{kw.get('port', 6379)}"
-    return f"redis {where}/{kw.get('db', 0)}"
 
 
 class Outage:
