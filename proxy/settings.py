@@ -113,8 +113,9 @@ class Settings(BaseSettings):
     response_store_entries: int = Field(
         10_000,
         ge=1,
-        description="Responses the in-memory response store holds (previous_response_id) "
-        "before evicting the least recently used; in Redis when TRIMPROXY_REDIS_URL is set.",
+        description="Responses the response store holds (previous_response_id) before "
+        "evicting the least recently used: in this process, or in Redis for all replicas "
+        "together when TRIMPROXY_REDIS_URL is set.",
     )
     response_store_ttl: float = Field(
         3600.0, gt=0, description="Seconds a stored response is kept after its last use."

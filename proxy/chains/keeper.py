@@ -115,7 +115,9 @@ def build_keeper(settings: Settings, metrics: Metrics) -> Keeper:
     if settings.redis_url:
         from proxy.chains.redis_store import RedisStore  # redis is imported only when used
 
-        store = RedisStore(settings.redis_url, settings.response_store_ttl)
+        store = RedisStore(
+            settings.redis_url, settings.response_store_ttl, settings.response_store_entries
+        )
     else:
         if settings.workers > 1:
             log.warning("each of the %d workers holds its own stored responses, and a "

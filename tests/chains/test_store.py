@@ -1,7 +1,8 @@
 """The response store's contract, run by both stores: in memory, and in a real Redis.
 
-Every case runs against both, so the two cannot drift. The memory store's bounds
-(entries, idle TTL) are checked on a fake clock; Redis's TTL on the key itself.
+Every case runs against both, so the two cannot drift: the entries bound (least
+recently used first) included. The memory store's idle TTL is checked on a fake clock;
+Redis's TTL on the key itself.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import pytest
 
 from proxy.chains.entry import Stored
 from proxy.chains.memory import MemoryStore
-from proxy.chains.redis_store import KEY_PREFIX, RedisStore
+from proxy.chains.redis_store import KEY_PREFIX, LINE, RedisStore
 from proxy.chains.store import ResponseStore, StoreUnavailable
 from tests.sessions.helpers import FakeClock
 from tests.support.redis_server import RedisServer
@@ -27,14 +28,29 @@ def entry(n: int, *, session: str | None = None) -> Stored:
     return Stored(response, [{"role": "user", "content": f"q{n}"}], session, session)
 
 
-@pytest.fixture(params=["memory", pytest.param("redis", marks=pytest.mark.redis)])
-async def store(request: pytest.FixtureRequest) -> AsyncIterator[ResponseStore]:
-    built: ResponseStore
+KINDS = ["memory", pytest.param("redis", marks=pytest.mark.redis)]
+
+
+def build(request: pytest.FixtureRequest, max_entries: int) -> ResponseStore:
     if request.param == "memory":
-        built = MemoryStore(max_entries=1000, ttl=TTL, clock=FakeClock())
-    else:
-        server: RedisServer = request.getfixturevalue("redis_server")
-        built = RedisStore(server.url, TTL, timeout=5.0)
+        return MemoryStore(max_entries=max_entries, ttl=TTL, clock=FakeClock())
+    server: RedisServer = request.getfixturevalue("redis_server")
+    return RedisStore(server.url, TTL, max_entries, timeout=5.0)
+
+
+@pytest.fixture(params=KINDS)
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[ResponseStore]:
+    built = build(request, 1000)
+    try:
+        yield built
+    finally:
+        await built.aclose()
+
+
+@pytest.fixture(params=KINDS)
+async def two_entries(request: pytest.FixtureRequest) -> AsyncIterator[ResponseStore]:
+    """A store bounded to two entries."""
+    built = build(request, 2)
     try:
         yield built
     finally:
@@ -75,15 +91,36 @@ async def test_keys_are_apart(store: ResponseStore) -> None:
     assert await store.get("k2") == entry(2)
 
 
-async def test_the_memory_store_evicts_the_least_recently_used() -> None:
-    store = MemoryStore(max_entries=2, ttl=TTL, clock=FakeClock())
+async def test_past_its_entries_the_least_recently_used_goes(two_entries: ResponseStore) -> None:
+    store = two_entries
     await store.put("a", entry(1))
     await store.put("b", entry(2))
     assert await store.get("a") is not None  # a is now the most recent
     await store.put("c", entry(3))
     assert await store.get("b") is None
     assert await store.get("a") == entry(1) and await store.get("c") == entry(3)
-    assert store.held() == 2
+    await store.delete("a")  # a deleted entry leaves the line: both others stay
+    await store.put("d", entry(4))
+    assert await store.get("c") == entry(3) and await store.get("d") == entry(4)
+    assert store.held() in (2, None)  # None: shared, Redis holds the count
+
+
+@pytest.mark.redis
+async def test_redis_holds_at_most_its_entries_and_their_line(redis_server: RedisServer) -> None:
+    store = RedisStore(redis_server.url, TTL, 3, timeout=5.0)
+    inspect = redis_server.client()
+    try:
+        for n in range(10):
+            await store.put(f"k{n}", entry(n))
+        kept = sorted(
+            k.decode() if isinstance(k, bytes) else k for k in inspect.keys(KEY_PREFIX + "*")
+        )
+        assert kept == [KEY_PREFIX + f"k{n}" for n in (7, 8, 9)]
+        assert inspect.zcard(LINE) == 3
+        assert 0 < inspect.pttl(LINE) <= TTL * 1000  # the line goes with the entries
+    finally:
+        inspect.close()
+        await store.aclose()
 
 
 async def test_the_memory_store_forgets_an_entry_idle_past_its_ttl() -> None:
@@ -103,7 +140,7 @@ async def test_the_memory_store_forgets_an_entry_idle_past_its_ttl() -> None:
 async def test_redis_keeps_each_response_with_its_ttl_and_a_read_restarts_it(
     redis_server: RedisServer,
 ) -> None:
-    store = RedisStore(redis_server.url, TTL, timeout=5.0)
+    store = RedisStore(redis_server.url, TTL, 1000, timeout=5.0)
     inspect = redis_server.client()
     try:
         await store.put("k1", entry(1))
@@ -125,7 +162,7 @@ async def test_redis_down_is_unavailable_at_once_until_it_retries(
     redis_server: RedisServer,
 ) -> None:
     clock = FakeClock()
-    store = RedisStore(redis_server.url, TTL, timeout=2.0, retry_interval=5.0, clock=clock)
+    store = RedisStore(redis_server.url, TTL, 1000, timeout=2.0, retry_interval=5.0, clock=clock)
     try:
         await store.put("k1", entry(1))
         redis_server.stop()
