@@ -7,7 +7,7 @@ Redis's TTL on the key itself.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 
@@ -39,22 +39,32 @@ def build(request: pytest.FixtureRequest, max_entries: int) -> ResponseStore:
 
 
 @pytest.fixture(params=KINDS)
-async def store(request: pytest.FixtureRequest) -> AsyncIterator[ResponseStore]:
-    built = build(request, 1000)
+async def make_store(
+    request: pytest.FixtureRequest,
+) -> AsyncIterator[Callable[[int], ResponseStore]]:
+    """Builds stores of one kind, bounded to the entries given; closes them after."""
+    built: list[ResponseStore] = []
+
+    def make(max_entries: int) -> ResponseStore:
+        built.append(build(request, max_entries))
+        return built[-1]
+
     try:
-        yield built
+        yield make
     finally:
-        await built.aclose()
+        for each in built:
+            await each.aclose()
 
 
-@pytest.fixture(params=KINDS)
-async def two_entries(request: pytest.FixtureRequest) -> AsyncIterator[ResponseStore]:
+@pytest.fixture
+def store(make_store: Callable[[int], ResponseStore]) -> ResponseStore:
+    return make_store(1000)
+
+
+@pytest.fixture
+def two_entries(make_store: Callable[[int], ResponseStore]) -> ResponseStore:
     """A store bounded to two entries."""
-    built = build(request, 2)
-    try:
-        yield built
-    finally:
-        await built.aclose()
+    return make_store(2)
 
 
 async def test_a_stored_response_reads_back_whole(store: ResponseStore) -> None:

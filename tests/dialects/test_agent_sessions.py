@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -15,7 +15,7 @@ from proxy.metrics import Metrics
 from proxy.sessions.gate import SESSION_ID
 from tests.support.inprocess import make_settings
 from tests.support.served import served
-from tests.support.sim import SimUpstream, sim_threads
+from tests.support.sim import SimUpstream
 
 TURN = [{"role": "user", "content": "hello there"}]
 BODIES: dict[str, dict[str, Any]] = {
@@ -23,12 +23,6 @@ BODIES: dict[str, dict[str, Any]] = {
     "/v1/messages": {"model": "sim-model", "messages": TURN, "max_tokens": 8},
     "/v1/chat/completions": {"model": "sim-model", "messages": TURN, "max_tokens": 8},
 }
-
-
-@pytest.fixture
-def sim() -> Iterator[SimUpstream]:
-    with sim_threads(1) as engines:
-        yield engines[0]
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ over HTTP in front of the sim."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anthropic
@@ -19,16 +19,10 @@ from proxy.metrics import Metrics
 from tests.support.closing import AsyncClosing
 from tests.support.inprocess import make_settings
 from tests.support.served import served
-from tests.support.sim import SimUpstream, sim_threads
+from tests.support.sim import SimUpstream
 
 KEY = "sk-envelope-test"
 BODY_LIMIT = 4096
-
-
-@pytest.fixture
-def sim() -> Iterator[SimUpstream]:
-    with sim_threads(1) as engines:
-        yield engines[0]
 
 
 @pytest.fixture

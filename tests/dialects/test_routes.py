@@ -5,7 +5,7 @@ fit is refused in the dialect's own envelope."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from itertools import pairwise
 from typing import Any
 
@@ -20,16 +20,10 @@ from proxy.metrics import Metrics
 from tests.support.closing import AsyncClosing
 from tests.support.inprocess import make_settings
 from tests.support.served import served
-from tests.support.sim import SimUpstream, sim_threads
+from tests.support.sim import SimUpstream
 
 BUDGET = 300
 TURNS = 12
-
-
-@pytest.fixture
-def sim() -> Iterator[SimUpstream]:
-    with sim_threads(1) as engines:
-        yield engines[0]
 
 
 @pytest.fixture

@@ -158,16 +158,6 @@ def test_streams_survive_a_sigkilled_engine(engines: list[SimUpstream]) -> None:
         assert request["max_tokens"] < ANSWER
 
 
-@pytest.fixture
-def sims() -> Iterator[list[SimUpstream]]:
-    started = [start_sim_thread("vllm", completion_tokens=40) for _ in range(2)]
-    try:
-        yield started
-    finally:
-        for sim in started:
-            sim.stop()
-
-
 def cut_stream(
     proxy: ProxyProcess, how: str, session: str = "one", lines: list[str] | None = None
 ) -> list[str]:
@@ -185,9 +175,11 @@ def cut_stream(
 
 @pytest.mark.parametrize(("how", "reason"), [("close", "reset"), ("error", "error_event")])
 def test_a_cut_stream_is_continued_on_the_next_engine(
-    sims: list[SimUpstream], how: str, reason: str
+    answering_sims: list[SimUpstream], how: str, reason: str
 ) -> None:
-    with ProxyProcess({**SETTINGS, "upstream_url": ",".join(s.url for s in sims)}) as proxy:
+    with ProxyProcess(
+        {**SETTINGS, "upstream_url": ",".join(s.url for s in answering_sims)}
+    ) as proxy:
         lines = cut_stream(proxy, how)
         assert continued_count(proxy) == 1
     assert_one_whole_answer(lines, 30)
@@ -196,16 +188,22 @@ def test_a_cut_stream_is_continued_on_the_next_engine(
     assert "at 10 tokens" in comments[0]
 
 
-def test_a_stalled_stream_is_continued_after_the_read_timeout(sims: list[SimUpstream]) -> None:
+def test_a_stalled_stream_is_continued_after_the_read_timeout(
+    answering_sims: list[SimUpstream],
+) -> None:
     """A hung engine (nothing sent, the connection open): the read timeout breaks its
     stream, the proxy closes it (the engine aborts the request and frees its blocks),
     and the answer goes on on the other engine."""
-    settings = {**SETTINGS, "upstream_url": ",".join(s.url for s in sims), "read_timeout": 1}
+    settings = {
+        **SETTINGS,
+        "upstream_url": ",".join(s.url for s in answering_sims),
+        "read_timeout": 1,
+    }
     with ProxyProcess(settings) as proxy:
         lines = cut_stream(proxy, "stall")
         assert scrape(proxy.url).value("trimproxy_answers_continued_total", reason="timeout") == 1
     assert_one_whole_answer(lines, 30)
-    stalled = next(s for s in sims if not any(
+    stalled = next(s for s in answering_sims if not any(
         r["json"].get("continue_final_message") for r in s.chat_requests()))  # fmt: skip
     stalled.wait_for_state(lambda state: state["disconnects"] == 1, timeout=10)
 
@@ -239,8 +237,12 @@ def test_each_attempt_continues_once_and_then_the_error_event_is_relayed(attempt
     assert text == "".join(completion_text(20))
 
 
-def test_attempts_zero_keeps_the_honest_error_event(sims: list[SimUpstream]) -> None:
-    settings = {**SETTINGS, "upstream_url": ",".join(s.url for s in sims), "continue_attempts": 0}
+def test_attempts_zero_keeps_the_honest_error_event(answering_sims: list[SimUpstream]) -> None:
+    settings = {
+        **SETTINGS,
+        "upstream_url": ",".join(s.url for s in answering_sims),
+        "continue_attempts": 0,
+    }
     with ProxyProcess(settings) as proxy:
         cut: list[str] = []
         with pytest.raises(httpx.RemoteProtocolError):
@@ -254,7 +256,11 @@ def test_attempts_zero_keeps_the_honest_error_event(sims: list[SimUpstream]) -> 
     assert lines[-2].startswith('data: {"error": {"message": "EngineCore')
     assert lines[-1] == "data: [DONE]"
     assert not any(line.startswith(":") for line in lines)
-    assert all(not r["json"].get("continue_final_message") for s in sims for r in s.chat_requests())
+    assert all(
+        not r["json"].get("continue_final_message")
+        for s in answering_sims
+        for r in s.chat_requests()
+    )
 
 
 def test_fastchat_engines_keep_the_honest_error_event() -> None:
@@ -275,9 +281,11 @@ def test_fastchat_engines_keep_the_honest_error_event() -> None:
 
 @pytest.mark.parametrize("extra", [{"n": 2}, {"logprobs": True}])
 def test_answers_that_cannot_be_continued_keep_the_error_event(
-    sims: list[SimUpstream], extra: dict[str, Any]
+    answering_sims: list[SimUpstream], extra: dict[str, Any]
 ) -> None:
-    with ProxyProcess({**SETTINGS, "upstream_url": ",".join(s.url for s in sims)}) as proxy:
+    with ProxyProcess(
+        {**SETTINGS, "upstream_url": ",".join(s.url for s in answering_sims)}
+    ) as proxy:
         with (
             pytest.raises(httpx.RemoteProtocolError),
             httpx.stream(
@@ -293,7 +301,9 @@ def test_answers_that_cannot_be_continued_keep_the_error_event(
         assert continued_count(proxy) == 0
 
 
-def test_a_cut_messages_stream_ends_in_anthropics_error_event(sims: list[SimUpstream]) -> None:
+def test_a_cut_messages_stream_ends_in_anthropics_error_event(
+    answering_sims: list[SimUpstream],
+) -> None:
     """vLLM's Messages route renders a trailing assistant message as a new turn (no
     continuation form): a broken Messages stream is not continued, and its last event
     is Anthropic's ``error`` event, which the anthropic SDK raises on."""
@@ -304,7 +314,9 @@ def test_a_cut_messages_stream_ends_in_anthropics_error_event(sims: list[SimUpst
         "messages": [{"role": "user", "content": "hi"}],
     }
     lines: list[str] = []
-    with ProxyProcess({**SETTINGS, "upstream_url": ",".join(s.url for s in sims)}) as proxy:
+    with ProxyProcess(
+        {**SETTINGS, "upstream_url": ",".join(s.url for s in answering_sims)}
+    ) as proxy:
         with (
             pytest.raises(httpx.RemoteProtocolError),
             httpx.stream(

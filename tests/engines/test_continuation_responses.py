@@ -10,7 +10,6 @@ so the whole answer is checkable to the byte.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -20,21 +19,11 @@ import pytest
 from proxy.sim.dialect import completion_text
 from tests.observability.promtext import scrape
 from tests.support.processes import ProxyProcess
-from tests.support.sim import SimUpstream, start_sim_thread
+from tests.support.sim import SimUpstream
 
 SETTINGS = {"upstream_metrics_interval": 0, "tokenizer": "approx", "health_interval": 0.5}
 ANSWER = 30
 WHOLE = "".join(completion_text(ANSWER)).lstrip()  # the Responses route strips its first word
-
-
-@pytest.fixture
-def sims() -> Iterator[list[SimUpstream]]:
-    started = [start_sim_thread("vllm", completion_tokens=40) for _ in range(2)]
-    try:
-        yield started
-    finally:
-        for sim in started:
-            sim.stop()
 
 
 def client(proxy: ProxyProcess, how: str) -> openai.OpenAI:
@@ -60,9 +49,11 @@ def continued_count(proxy: ProxyProcess, **labels: str) -> float:
 
 @pytest.mark.parametrize(("how", "reason"), [("close", "reset"), ("error", "error_event")])
 def test_a_cut_responses_stream_is_continued_as_one_response(
-    sims: list[SimUpstream], how: str, reason: str
+    answering_sims: list[SimUpstream], how: str, reason: str
 ) -> None:
-    with ProxyProcess({**SETTINGS, "upstream_url": ",".join(s.url for s in sims)}) as proxy:
+    with ProxyProcess(
+        {**SETTINGS, "upstream_url": ",".join(s.url for s in answering_sims)}
+    ) as proxy:
         events = stream_events(proxy, how)
         assert continued_count(proxy, reason=reason) == 1
         done = events[-1].response
@@ -89,7 +80,7 @@ def test_a_cut_responses_stream_is_continued_as_one_response(
     assert stored.output_text == WHOLE and stored.id == done.id
     assert f'"continued":"{reason}@' in log
     # The other engine got the partial answer as a final incomplete assistant item.
-    resent = [r["json"] for s in sims for r in s.requests("/v1/responses")
+    resent = [r["json"] for s in answering_sims for r in s.requests("/v1/responses")
               if isinstance(r["json"].get("input"), list)]  # fmt: skip
     assert len(resent) == 1
     last = resent[0]["input"][-1]
@@ -98,20 +89,26 @@ def test_a_cut_responses_stream_is_continued_as_one_response(
     assert resent[0]["max_output_tokens"] == ANSWER - 10
 
 
-def test_the_continuation_is_said_in_an_sse_comment(sims: list[SimUpstream]) -> None:
+def test_the_continuation_is_said_in_an_sse_comment(answering_sims: list[SimUpstream]) -> None:
     request = {"model": "sim-model", "input": "hi", "max_output_tokens": ANSWER, "stream": True}
     headers = {"x-sim-cut-after": "10", "x-sim-cut": "close"}
-    with ProxyProcess({**SETTINGS, "upstream_url": ",".join(s.url for s in sims)}) as proxy:
+    with ProxyProcess(
+        {**SETTINGS, "upstream_url": ",".join(s.url for s in answering_sims)}
+    ) as proxy:
         r = httpx.post(proxy.url + "/v1/responses", json=request, headers=headers, timeout=30)
     comments = [line for line in r.text.split("\n") if line.startswith(":")]
     assert len(comments) == 1 and "continued after reset on 127.0.0.1:" in comments[0]
     assert "at 10 tokens" in comments[0]
 
 
-def test_attempts_zero_keeps_the_honest_error_event(sims: list[SimUpstream]) -> None:
-    settings = {**SETTINGS, "upstream_url": ",".join(s.url for s in sims), "continue_attempts": 0}
+def test_attempts_zero_keeps_the_honest_error_event(answering_sims: list[SimUpstream]) -> None:
+    settings = {
+        **SETTINGS,
+        "upstream_url": ",".join(s.url for s in answering_sims),
+        "continue_attempts": 0,
+    }
     with ProxyProcess(settings) as proxy:
         with pytest.raises(openai.APIError):
             stream_events(proxy, "close")
         assert continued_count(proxy) == 0
-    assert sum(len(s.requests("/v1/responses")) for s in sims) == 1
+    assert sum(len(s.requests("/v1/responses")) for s in answering_sims) == 1

@@ -36,27 +36,35 @@ def ready_when(proxy: ProxyProcess, status: int, guard: float = 30.0) -> Answer:
         time.sleep(0.05)
 
 
+def not_ready_while_redis_is_down(proxy: ProxyProcess, redis: RedisServer, names: str) -> None:
+    """Ready; not ready while Redis is down, the detail naming ``names``, the setting
+    and ``TRIMPROXY_REDIS_URL``, and a request refused as readiness said; ready again
+    and served once Redis is back."""
+    assert request(proxy.url, "POST", CHAT, HELLO).status == 200
+    assert request(proxy.url, "GET", "/readyz").status == 200
+    redis.stop()
+    down = ready_when(proxy, 503)
+    assert down.status == 503, down.body
+    body = down.json()
+    assert body["status"] == "not ready" and body["upstream_ready"] is True
+    for named in (names, "TRIMPROXY_SESSION_STORE_FAILURE=closed", "TRIMPROXY_REDIS_URL"):
+        assert named in body["detail"], body
+    # What readiness says is what a request meets.
+    refused = request(proxy.url, "POST", CHAT, HELLO)
+    assert refused.status == 503 and refused.error_code == "session_store_unavailable"
+
+    redis.start()  # the same port
+    back = ready_when(proxy, 200)
+    assert back.status == 200, back.body
+    assert request(proxy.url, "POST", CHAT, HELLO).status == 200
+
+
 @pytest.mark.redis
 def test_readyz_is_not_ready_while_a_closed_session_store_is_down(
     proxy_server: StartProxy, redis_server: RedisServer
 ) -> None:
     proxy = proxy_server(redis_url=redis_server.url, session_store_failure="closed", **SESSIONS)
-    assert request(proxy.url, "GET", "/readyz").status == 200
-    redis_server.stop()
-    down = ready_when(proxy, 503)
-    assert down.status == 503, down.body
-    body = down.json()
-    assert body["status"] == "not ready" and body["upstream_ready"] is True
-    assert "TRIMPROXY_SESSION_STORE_FAILURE=closed" in body["detail"], body
-    assert "TRIMPROXY_REDIS_URL" in body["detail"]
-    # What readiness says is what a request meets.
-    refused = request(proxy.url, "POST", CHAT, HELLO)
-    assert refused.status == 503 and refused.error_code == "session_store_unavailable"
-
-    redis_server.start()  # the same port
-    back = ready_when(proxy, 200)
-    assert back.status == 200, back.body
-    assert request(proxy.url, "POST", CHAT, HELLO).status == 200
+    not_ready_while_redis_is_down(proxy, redis_server, "session store")
 
 
 @pytest.mark.redis
@@ -70,20 +78,7 @@ def test_readyz_is_not_ready_while_a_closed_kv_ledger_is_down(
         tokenizer="approx",
         kv_admission="100000",
     )
-    assert request(proxy.url, "POST", CHAT, HELLO).status == 200
-    assert request(proxy.url, "GET", "/readyz").status == 200
-    redis_server.stop()
-    down = ready_when(proxy, 503)
-    assert down.status == 503, down.body
-    detail = down.json()["detail"]
-    assert "KV admission ledger" in detail and "TRIMPROXY_SESSION_STORE_FAILURE=closed" in detail
-    refused = request(proxy.url, "POST", CHAT, HELLO)
-    assert refused.status == 503 and refused.error_code == "session_store_unavailable"
-
-    redis_server.start()  # the same port
-    back = ready_when(proxy, 200)
-    assert back.status == 200, back.body
-    assert request(proxy.url, "POST", CHAT, HELLO).status == 200
+    not_ready_while_redis_is_down(proxy, redis_server, "KV admission ledger")
 
 
 @pytest.mark.redis
