@@ -14,6 +14,7 @@ from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
 import proxy
+from proxy.breakoff import RelayAborted, quiet_relay_aborts
 from proxy.chains.keeper import Keeper, build_keeper
 from proxy.dependencies import Services
 from proxy.dialect_routes import dialect_routes
@@ -26,7 +27,6 @@ from proxy.metrics import Metrics
 from proxy.middleware import Accounting, ApiKeys, InFlightLimit
 from proxy.models import ModelRoute, ModelRoutes, ModelsFileError, build_routes, load_models
 from proxy.openapi import DESCRIPTION
-from proxy.relay import RelayAborted, quiet_relay_aborts
 from proxy.routes import ChatRoute, error_response, routes
 from proxy.sessions.gate import Sessions, build_sessions
 from proxy.settings import Settings

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from proxy.admission import AnswerWatch, KvAdmission, Need, Reservation, asks_usage, wait_header
+from proxy.breakoff import FailureMap
 from proxy.continuation import CHAT, Continuation, Form, SoFar
 from proxy.continuation_responses import RESPONSES_FORM
 from proxy.dependencies import Services
@@ -37,7 +38,7 @@ from proxy.errors import ProxyError
 from proxy.logs import RequestFacts
 from proxy.metrics import OTHER_MODEL, Metrics
 from proxy.prepare import Prepared
-from proxy.relay import ChunkHook, FailureMap
+from proxy.relay import ChunkHook
 from proxy.tokens import estimate_error
 from proxy.upstream import unanswered
 from proxy.upstream.failover import failover
