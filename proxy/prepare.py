@@ -372,22 +372,9 @@ async def prepare(
     if fits_whole(count.total, budget, settings.max_history_turns, history_start):
         forwarded, dropped, body, reason = count.total, 0, untrimmed(raw, chat, upstream), None
     else:
-        policy, result = trim_to(settings, chat.messages, count, limit, history_start)
-        forwarded = result.tokens
-        if not svc.counter.additive:
-            recount = chat_recount(svc, chat)
-            began = time.monotonic()
-            result, forwarded = await prove_fits(
-                chat.messages, recount, count, policy, history_start, result
-            )
-            counted_in += time.monotonic() - began
-        dropped = result.dropped(len(chat.messages))
-        if dropped:
-            reason = result.reason or "budget"
-            body = with_messages(upstream, [chat.messages[i] for i in result.kept])
-            metrics.trimmed(dropped, max(0, count.total - forwarded), reason)
-        else:
-            body, reason = untrimmed(raw, chat, upstream), None
+        trimmed = await _trimmed(svc, chat, raw, upstream, count, limit, history_start, metrics)
+        forwarded, dropped, body, reason, proved_in = trimmed
+        counted_in += proved_in
     note_forwarded(metrics, facts, out, forwarded, dropped)
     return Prepared(
         body=body,
@@ -406,3 +393,34 @@ async def prepare(
         counted_in=counted_in,
         stream=chat.stream,
     )
+
+
+async def _trimmed(
+    svc: Services,
+    chat: ChatRequest,
+    raw: bytes,
+    upstream: ChatRequest,
+    count: PromptCount,
+    limit: PromptLimit | None,
+    history_start: int,
+    metrics: ModelSeries,
+) -> tuple[int, int, bytes, str | None, float]:
+    """``prepare``'s prompt that does not fit whole: what is forwarded and dropped, the
+    body, the reason, and the seconds a recount took (a counter that is not additive
+    proves the kept messages fit)."""
+    policy, result = trim_to(svc.settings, chat.messages, count, limit, history_start)
+    forwarded, proved_in = result.tokens, 0.0
+    if not svc.counter.additive:
+        recount = chat_recount(svc, chat)
+        began = time.monotonic()
+        result, forwarded = await prove_fits(
+            chat.messages, recount, count, policy, history_start, result
+        )
+        proved_in = time.monotonic() - began
+    dropped = result.dropped(len(chat.messages))
+    if not dropped:
+        return forwarded, 0, untrimmed(raw, chat, upstream), None, proved_in
+    reason = result.reason or "budget"
+    body = with_messages(upstream, [chat.messages[i] for i in result.kept])
+    metrics.trimmed(dropped, max(0, count.total - forwarded), reason)
+    return forwarded, dropped, body, reason, proved_in
