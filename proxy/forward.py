@@ -82,12 +82,11 @@ class Sent:
     """``perf_counter()`` when it was forwarded (the TTFB clock)."""
     continuation: Continuation | None = None
     """A streamed answer that may go on on another engine (``proxy.continuation``)."""
+    on_first_byte: Callable[[], None] | None = None
+    """The relay's first-byte hook: ``first_byte`` for a prepared request, else None.
+    An attribute set where a prepared request's ``Sent`` is built, not a property: the
+    relay reads it on every request."""
     _done: bool = False
-
-    @property
-    def on_first_byte(self) -> Callable[[], None] | None:
-        """The relay's first-byte hook: the TTFB of a prepared request, else None."""
-        return self.first_byte if self.metrics is not None else None
 
     def first_byte(self) -> None:
         assert self.facts is not None and self.metrics is not None
@@ -143,10 +142,12 @@ async def forward(
         response = await transport.send(
             lone, out.method, out.path, out.headers, out.body, client_gone, prepared.counted_in
         )
-        return Sent(
+        sent = Sent(
             response, prepared.headers, transport.failure, None, None, None, None,
             prepared, svc.metrics, facts, started,
         )  # fmt: skip
+        sent.on_first_byte = sent.first_byte
+        return sent
     except BaseException:
         client_gone.cancel()
         raise
@@ -199,6 +200,7 @@ async def _send_routed(
             facts=facts,
             started=started,
         )
+        sent.on_first_byte = sent.first_byte
         if gate is not None and reservation is not None:
             _watch(sent, gate, reservation, need, prepared)
         return sent
