@@ -97,8 +97,12 @@ async def model_series(
     label = svc.model_label
     if label is None:
         label = OTHER_MODEL
-        if model is not None and any(m.id == model for m in await svc.upstream.models()):
-            label = model
+        if model is not None:
+            # A loop, not any() over a generator: no generator frame on every request.
+            for served in await svc.upstream.models():
+                if served.id == model:
+                    label = model
+                    break
     return svc.metrics.for_model(label, endpoint)
 
 
@@ -178,10 +182,10 @@ async def limit_for(
     budget = budget_of(window, reserve, setting)
     if budget is None:
         return None
+    named = allowance.setting  # a property: read once, it runs on every request
     if budget < 1 and window is not None:  # the setting is at least 1: the reserve's doing
-        raise no_room_for_prompt(window, reserve, allowance.setting)
-    asked = allowance.setting is None
-    return PromptLimit(budget, window, reserve, asked, setting, allowance.setting or "max_tokens")
+        raise no_room_for_prompt(window, reserve, named)
+    return PromptLimit(budget, window, reserve, named is None, setting, named or "max_tokens")
 
 
 #: The count of the kept messages (or items) of a request, as the engine renders them.

@@ -92,7 +92,9 @@ def response_headers(
     """The upstream's header lines as they came (``ClientResponse.raw_headers``: the
     bytes, not a decoded multidict), less hop-by-hop ones, plus ``extra``."""
     out = [(name, value) for key, value in raw if (name := key.lower()) not in _RESPONSE_DROP]
-    out.extend((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in extra.items())
+    # A loop, not extend() over a generator: no generator frame on every request.
+    for k, v in extra.items():
+        out.append((k.lower().encode("latin-1"), v.encode("latin-1")))
     return out
 
 
