@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 from fastapi import FastAPI
 from starlette.exceptions import HTTPException
@@ -14,6 +14,7 @@ from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
 import proxy
+from proxy.breakoff import RelayAborted, quiet_relay_aborts
 from proxy.chains.keeper import Keeper, build_keeper
 from proxy.dependencies import Services
 from proxy.dialect_routes import dialect_routes
@@ -26,7 +27,6 @@ from proxy.metrics import Metrics
 from proxy.middleware import Accounting, ApiKeys, InFlightLimit
 from proxy.models import ModelRoute, ModelRoutes, ModelsFileError, build_routes, load_models
 from proxy.openapi import DESCRIPTION
-from proxy.relay import RelayAborted, quiet_relay_aborts
 from proxy.routes import ChatRoute, error_response, routes
 from proxy.sessions.gate import Sessions, build_sessions
 from proxy.settings import Settings
@@ -47,6 +47,40 @@ def create_app(
     else (``trimproxy serve``): once started, its heap is settled (``settle_heap``)."""
     settings = settings if settings is not None else Settings()
     metrics = metrics if metrics is not None else Metrics()
+    app = FastAPI(
+        title="trimproxy",
+        version=proxy.__version__,
+        description=DESCRIPTION,
+        lifespan=_lifespan(settings, metrics, serving),
+        # FastAPI's own OpenTelemetry off: the proxy's metrics and access log cover
+        # every request, and asking for OpenTelemetry's providers on each one is a
+        # cost on every request (docs/performance.md §6).
+        telemetry={"tracing": False, "metrics": False, "logs": False},
+    )
+    refused_in_one_line(app)
+    app.router.routes.extend([*dialect_routes(), *routes()])
+    app.add_exception_handler(ProxyError, _proxy_error)
+    app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
+    app.add_exception_handler(Exception, _unexpected)
+    quiet_relay_aborts()
+    # Added innermost first: Accounting sees every answer, the 401s and 429s too.
+    # ChatRoute is innermost, so it serves the chat route ahead of FastAPI's exception
+    # middleware, router and dependency solving; middleware an operator adds later is
+    # outside it and sees the chat requests (docs/fastapi.md).
+    app.add_middleware(ChatRoute)
+    if settings.max_in_flight:
+        app.add_middleware(InFlightLimit, limit=settings.max_in_flight)
+    if settings.api_key_set:
+        app.add_middleware(ApiKeys, keys=settings.api_key_set)
+    app.add_middleware(Accounting, metrics=metrics)
+    return app
+
+
+def _lifespan(
+    settings: Settings, metrics: Metrics, serving: bool
+) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """The app's lifespan: everything stateful built once on ``app.state.services``,
+    closed at shutdown."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -77,33 +111,7 @@ def create_app(
             metrics.close()
             await table.aclose()
 
-    app = FastAPI(
-        title="trimproxy",
-        version=proxy.__version__,
-        description=DESCRIPTION,
-        lifespan=lifespan,
-        # FastAPI's own OpenTelemetry off: the proxy's metrics and access log cover
-        # every request, and asking for OpenTelemetry's providers on each one is a
-        # cost on every request (docs/performance.md §6).
-        telemetry={"tracing": False, "metrics": False, "logs": False},
-    )
-    refused_in_one_line(app)
-    app.router.routes.extend([*dialect_routes(), *routes()])
-    app.add_exception_handler(ProxyError, _proxy_error)
-    app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
-    app.add_exception_handler(Exception, _unexpected)
-    quiet_relay_aborts()
-    # Added innermost first: Accounting sees every answer, the 401s and 429s too.
-    # ChatRoute is innermost, so it serves the chat route ahead of FastAPI's exception
-    # middleware, router and dependency solving; middleware an operator adds later is
-    # outside it and sees the chat requests (docs/fastapi.md).
-    app.add_middleware(ChatRoute)
-    if settings.max_in_flight:
-        app.add_middleware(InFlightLimit, limit=settings.max_in_flight)
-    if settings.api_key_set:
-        app.add_middleware(ApiKeys, keys=settings.api_key_set)
-    app.add_middleware(Accounting, metrics=metrics)
-    return app
+    return lifespan
 
 
 async def _build(

@@ -15,6 +15,7 @@ from starlette.routing import Route
 
 from proxy import response_chain
 from proxy.admission import MESSAGES_ANSWER, RESPONSES_ANSWER
+from proxy.breakoff import sse_error_event
 from proxy.dependencies import Services, services
 from proxy.dialects import anthropic_errors, completions, messages, messages_chat, responses
 from proxy.dialects.conversation import Conversation
@@ -24,13 +25,7 @@ from proxy.logs import RequestFacts, request_facts
 from proxy.prepare import Prepared, note_model
 from proxy.prepare_completion import prepare_completion
 from proxy.prepare_dialect import Wire, input_tokens, prepare_conversation, wire
-from proxy.relay import (
-    STREAM_WATCH_DELAY,
-    WATCH_DELAY,
-    Relay,
-    sse_error_event,
-    watch_disconnect,
-)
+from proxy.relay import STREAM_WATCH_DELAY, WATCH_DELAY, Relay, watch_disconnect
 from proxy.routes import USAGE_CAPTURE_BYTES, read_body
 from proxy.sessions.identity import Identity
 from proxy.types import JSON_MEDIA_TYPE

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from proxy.admission import AnswerWatch, KvAdmission, Need, Reservation, asks_usage, wait_header
+from proxy.breakoff import FailureMap
 from proxy.continuation import CHAT, Continuation, Form, SoFar
 from proxy.continuation_responses import RESPONSES_FORM
 from proxy.dependencies import Services
@@ -37,7 +38,7 @@ from proxy.errors import ProxyError
 from proxy.logs import RequestFacts
 from proxy.metrics import OTHER_MODEL, Metrics
 from proxy.prepare import Prepared
-from proxy.relay import ChunkHook, FailureMap
+from proxy.relay import ChunkHook
 from proxy.tokens import estimate_error
 from proxy.upstream import unanswered
 from proxy.upstream.failover import failover
@@ -81,12 +82,11 @@ class Sent:
     """``perf_counter()`` when it was forwarded (the TTFB clock)."""
     continuation: Continuation | None = None
     """A streamed answer that may go on on another engine (``proxy.continuation``)."""
+    on_first_byte: Callable[[], None] | None = None
+    """The relay's first-byte hook: ``first_byte`` for a prepared request, else None.
+    An attribute set where a prepared request's ``Sent`` is built, not a property: the
+    relay reads it on every request."""
     _done: bool = False
-
-    @property
-    def on_first_byte(self) -> Callable[[], None] | None:
-        """The relay's first-byte hook: the TTFB of a prepared request, else None."""
-        return self.first_byte if self.metrics is not None else None
 
     def first_byte(self) -> None:
         assert self.facts is not None and self.metrics is not None
@@ -142,10 +142,12 @@ async def forward(
         response = await transport.send(
             lone, out.method, out.path, out.headers, out.body, client_gone, prepared.counted_in
         )
-        return Sent(
+        sent = Sent(
             response, prepared.headers, transport.failure, None, None, None, None,
             prepared, svc.metrics, facts, started,
         )  # fmt: skip
+        sent.on_first_byte = sent.first_byte
+        return sent
     except BaseException:
         client_gone.cancel()
         raise
@@ -198,6 +200,7 @@ async def _send_routed(
             facts=facts,
             started=started,
         )
+        sent.on_first_byte = sent.first_byte
         if gate is not None and reservation is not None:
             _watch(sent, gate, reservation, need, prepared)
         return sent

@@ -12,6 +12,7 @@ from urllib.parse import quote, unquote
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from proxy.breakoff import RelayAborted
 from proxy.dialects import anthropic_errors
 from proxy.dialects.anthropic_errors import speaks_anthropic
 from proxy.errors import InvalidApiKey, InvalidRequest, Overloaded, ProxyError
@@ -24,7 +25,6 @@ from proxy.logs import (
 )
 from proxy.metrics import KNOWN_ROUTES, Metrics, route_label
 from proxy.paths import BadPath, route
-from proxy.relay import RelayAborted
 from proxy.types import JSON_MEDIA_TYPE
 
 _GUARDED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")

@@ -97,8 +97,12 @@ async def model_series(
     label = svc.model_label
     if label is None:
         label = OTHER_MODEL
-        if model is not None and any(m.id == model for m in await svc.upstream.models()):
-            label = model
+        if model is not None:
+            # A loop, not any() over a generator: no generator frame on every request.
+            for served in await svc.upstream.models():
+                if served.id == model:
+                    label = model
+                    break
     return svc.metrics.for_model(label, endpoint)
 
 
@@ -178,10 +182,10 @@ async def limit_for(
     budget = budget_of(window, reserve, setting)
     if budget is None:
         return None
+    named = allowance.setting  # a property: read once, it runs on every request
     if budget < 1 and window is not None:  # the setting is at least 1: the reserve's doing
-        raise no_room_for_prompt(window, reserve, allowance.setting)
-    asked = allowance.setting is None
-    return PromptLimit(budget, window, reserve, asked, setting, allowance.setting or "max_tokens")
+        raise no_room_for_prompt(window, reserve, named)
+    return PromptLimit(budget, window, reserve, named is None, setting, named or "max_tokens")
 
 
 #: The count of the kept messages (or items) of a request, as the engine renders them.
@@ -372,22 +376,9 @@ async def prepare(
     if fits_whole(count.total, budget, settings.max_history_turns, history_start):
         forwarded, dropped, body, reason = count.total, 0, untrimmed(raw, chat, upstream), None
     else:
-        policy, result = trim_to(settings, chat.messages, count, limit, history_start)
-        forwarded = result.tokens
-        if not svc.counter.additive:
-            recount = chat_recount(svc, chat)
-            began = time.monotonic()
-            result, forwarded = await prove_fits(
-                chat.messages, recount, count, policy, history_start, result
-            )
-            counted_in += time.monotonic() - began
-        dropped = result.dropped(len(chat.messages))
-        if dropped:
-            reason = result.reason or "budget"
-            body = with_messages(upstream, [chat.messages[i] for i in result.kept])
-            metrics.trimmed(dropped, max(0, count.total - forwarded), reason)
-        else:
-            body, reason = untrimmed(raw, chat, upstream), None
+        trimmed = await _trimmed(svc, chat, raw, upstream, count, limit, history_start, metrics)
+        forwarded, dropped, body, reason, proved_in = trimmed
+        counted_in += proved_in
     note_forwarded(metrics, facts, out, forwarded, dropped)
     return Prepared(
         body=body,
@@ -406,3 +397,34 @@ async def prepare(
         counted_in=counted_in,
         stream=chat.stream,
     )
+
+
+async def _trimmed(
+    svc: Services,
+    chat: ChatRequest,
+    raw: bytes,
+    upstream: ChatRequest,
+    count: PromptCount,
+    limit: PromptLimit | None,
+    history_start: int,
+    metrics: ModelSeries,
+) -> tuple[int, int, bytes, str | None, float]:
+    """``prepare``'s prompt that does not fit whole: what is forwarded and dropped, the
+    body, the reason, and the seconds a recount took (a counter that is not additive
+    proves the kept messages fit)."""
+    policy, result = trim_to(svc.settings, chat.messages, count, limit, history_start)
+    forwarded, proved_in = result.tokens, 0.0
+    if not svc.counter.additive:
+        recount = chat_recount(svc, chat)
+        began = time.monotonic()
+        result, forwarded = await prove_fits(
+            chat.messages, recount, count, policy, history_start, result
+        )
+        proved_in = time.monotonic() - began
+    dropped = result.dropped(len(chat.messages))
+    if not dropped:
+        return forwarded, 0, untrimmed(raw, chat, upstream), None, proved_in
+    reason = result.reason or "budget"
+    body = with_messages(upstream, [chat.messages[i] for i in result.kept])
+    metrics.trimmed(dropped, max(0, count.total - forwarded), reason)
+    return forwarded, dropped, body, reason, proved_in

@@ -23,8 +23,10 @@ import aiohttp
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from proxy.continuation import BROKEN, Continuation, EngineErrorEvent
+from proxy.breakoff import BreakOff, FailureMap, sse_error_event
+from proxy.continuation import BROKEN, Continuation
 from proxy.errors import ProxyError
+from proxy.read_deadline import ReadDeadline
 from proxy.types import JSON_MEDIA_TYPE
 
 log = logging.getLogger("trimproxy.upstream")
@@ -46,41 +48,6 @@ HOP_BY_HOP = frozenset(
 _RESPONSE_DROP = frozenset(
     name.encode("latin-1") for name in HOP_BY_HOP | {"content-length", "date", "server"}
 )
-
-#: The error for an upstream answer that broke off mid-body (``exc``: what the HTTP
-#: client raised, on the answer given), counted: ``Transport.failure``.
-FailureMap = Callable[[BaseException, aiohttp.ClientResponse], ProxyError]
-
-
-class RelayAborted(Exception):
-    """Raised out of the app when the upstream failed after the answer's head went out.
-
-    The only way an ASGI app can make the server break the connection off: the
-    client then sees an incomplete body (no last chunk, fewer bytes than declared)
-    instead of a clean end that looks like success. Not a ``ProxyError``: no error
-    answer can be sent any more. ``quiet_relay_aborts`` keeps uvicorn from logging
-    it as a crash; the relay logs one warning line of its own.
-    """
-
-
-class _DropRelayAborts(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        return not isinstance(exc, RelayAborted)
-
-
-def quiet_relay_aborts() -> None:
-    """Keep ``RelayAborted`` out of uvicorn's error log (idempotent)."""
-    logger = logging.getLogger("uvicorn.error")
-    if not any(isinstance(f, _DropRelayAborts) for f in logger.filters):
-        logger.addFilter(_DropRelayAborts())
-
-
-def sse_error_event(error: ProxyError) -> bytes:
-    """The final event of a stream the upstream broke off: OpenAI's error object, the
-    shape vLLM itself streams on a failure and the one the openai SDK raises on."""
-    return b"data: " + error.body() + b"\n\n"
-
 
 #: Called with each chunk of a relayed stream before it is sent on (KV admission's
 #: ``AnswerWatch`` counts the tokens of an answer that may outgrow its reservation).
@@ -125,7 +92,9 @@ def response_headers(
     """The upstream's header lines as they came (``ClientResponse.raw_headers``: the
     bytes, not a decoded multidict), less hop-by-hop ones, plus ``extra``."""
     out = [(name, value) for key, value in raw if (name := key.lower()) not in _RESPONSE_DROP]
-    out.extend((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in extra.items())
+    # A loop, not extend() over a generator: no generator frame on every request.
+    for k, v in extra.items():
+        out.append((k.lower().encode("latin-1"), v.encode("latin-1")))
     return out
 
 
@@ -244,71 +213,13 @@ class Relay(Response):
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _broken(self, send: Send, exc: BaseException) -> None:
-        """The upstream broke off after the head went out: the answer goes on on
-        another engine (``proxy.continuation``), or it ends as it can."""
-        if isinstance(exc, EngineErrorEvent) and exc.head:
-            await send({"type": "http.response.body", "body": exc.head, "more_body": True})
-        continuation = self._answer.continuation
-        if continuation is not None:
-            broke = await self._continue(send, continuation, exc)
-            if broke is None:
-                return
-            exc = broke
-        if isinstance(exc, EngineErrorEvent):
-            # The engine's own error event, relayed as it came, and the rest of its stream.
-            await send({"type": "http.response.body", "body": exc.rest, "more_body": True})
-            try:
-                while chunk := await self._upstream.content.readany():
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                return
-            except BROKEN as again:
-                exc = again
-        # No error answer can follow the head: a stream gets a final error event, and
-        # then every answer is broken off (RelayAborted), so that no client takes a
-        # cut answer for a complete one.
-        error = self._answer.failure(exc, self._upstream)
-        log.warning("upstream answer broke off: %s", type(exc).__name__)
-        if self._is_sse():
-            event = self._error_event(error)
-            await send({"type": "http.response.body", "body": event, "more_body": True})
-        raise RelayAborted(error.code) from None
-
-    async def _continue(
-        self, send: Send, continuation: Continuation, exc: BaseException
-    ) -> BaseException | None:
-        """The rest of the answer from the next engines, re-framed as the same answer;
-        None once it ended, else what broke the last stream when none can go on."""
-        while (resumed := await continuation.resume(exc)) is not None:
-            self._upstream.close()
-            self._upstream, comment = resumed
-            await send({"type": "http.response.body", "body": comment, "more_body": True})
-            deadline = ReadDeadline.take_over(self._upstream)
-            now = asyncio.get_running_loop().time
-            reframe, keep = continuation.reframe, continuation.so_far.keep
-            assert reframe is not None
-            try:
-                while chunk := await self._upstream.content.readany():
-                    if deadline is not None:
-                        deadline.last = None
-                    if out := reframe(chunk):
-                        keep(out)
-                        await send({"type": "http.response.body", "body": out, "more_body": True})
-                    if deadline is not None:
-                        deadline.last = now()
-                return None
-            except BROKEN as again:
-                exc = again
-                if isinstance(again, EngineErrorEvent) and again.head:
-                    keep(again.head)
-                    message = {"type": "http.response.body", "body": again.head, "more_body": True}
-                    await send(message)
-            finally:
-                if deadline is not None:
-                    deadline.cancel()
-        return exc
-
-    def _is_sse(self) -> bool:
-        return self._upstream.content_type == "text/event-stream"
+        """The upstream broke off after the head went out (``proxy.breakoff``)."""
+        answer = self._answer
+        rest = BreakOff(self._upstream, answer.continuation, answer.failure, self._error_event)
+        try:
+            await rest.finish(send, exc)
+        finally:
+            self._upstream = rest.upstream
 
     async def _send_whole(self, send: Send) -> None:
         """A small answer of known length (a non-streaming completion): one read, one
@@ -331,62 +242,6 @@ class Relay(Response):
             {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
         )
         await send({"type": "http.response.body", "body": body})
-
-
-class ReadDeadline:
-    """The upstream's read timeout over a relayed body, kept lazily.
-
-    aiohttp's ``sock_read`` cancels and re-arms a loop timer on every read, which on
-    a stream is every SSE event. Here the relay only notes in ``last`` the loop time
-    at which it went back to waiting for the upstream (None while it is sending to
-    its client: a client that reads slowly holds the relay up, not the upstream);
-    one timer fires at the deadline of the wait it was armed for and, when a newer
-    wait began meanwhile, re-arms for that one's. The stream fails when the upstream
-    has sent nothing for ``TRIMPROXY_READ_TIMEOUT`` while the relay waited, with an
-    ``aiohttp.ServerTimeoutError`` (the class of aiohttp's own), at one timer per idle
-    spell instead of one per event.
-    """
-
-    __slots__ = ("_handle", "_loop", "_stream", "_timeout", "last")
-
-    def __init__(self, stream: aiohttp.StreamReader, timeout: float) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._stream = stream
-        self._timeout = timeout
-        self.last: float | None = self._loop.time()
-        self._handle: asyncio.TimerHandle | None = self._loop.call_at(
-            self.last + timeout, self._check
-        )
-
-    @classmethod
-    def take_over(cls, response: aiohttp.ClientResponse) -> ReadDeadline | None:
-        """Take the read timeout of ``response``'s connection from aiohttp (as aiohttp
-        does itself for websockets); None when it has none, and aiohttp keeps it."""
-        connection = response.connection
-        protocol = connection.protocol if connection is not None else None
-        timeout = getattr(protocol, "read_timeout", None)
-        if protocol is None or not timeout:
-            return None
-        # aiohttp sets it again for the connection's next request.
-        protocol.read_timeout = None
-        return cls(response.content, timeout)
-
-    def _check(self) -> None:
-        now = self._loop.time()
-        last = self.last
-        due = (now if last is None else last) + self._timeout
-        if now < due:  # sending to the client, or a newer wait since the timer was armed
-            self._handle = self._loop.call_at(due, self._check)
-            return
-        self._handle = None
-        self._stream.set_exception(
-            aiohttp.ServerTimeoutError("Timeout on reading data from socket")
-        )
-
-    def cancel(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
 
 
 class CancelOnDisconnect:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import aiohttp
@@ -33,7 +33,6 @@ from proxy.errors import (
     ClientClosedRequest,
     ProxyError,
     broken_off,
-    closed_before_answer,
     deadline_passed,
     protocol_error,
     upstream_failure,
@@ -42,7 +41,9 @@ from proxy.metrics import KNOWN_ROUTES
 from proxy.relay import HOP_BY_HOP, CancelOnDisconnect
 from proxy.settings import Settings
 from proxy.types import JSON_MEDIA_TYPE
-from proxy.upstream.calls import UpstreamCallFailed, connection_failed, dropped, invalid_head
+from proxy.upstream.calls import UpstreamCallFailed, connection_failed, invalid_head
+from proxy.upstream.deadline import SHARED_FROM, head_within
+from proxy.upstream.resend import TRANSPORT_ERRORS, Resend
 
 log = logging.getLogger("trimproxy.upstream")
 
@@ -62,15 +63,9 @@ _JSON_HEADERS = {"content-type": JSON_MEDIA_TYPE}
 # up as it is); a client that named none gets no compression it did not ask for.
 _IDENTITY = "identity"
 _SKIP_TYPE = ("Content-Type",)
-TRANSPORT_ERRORS = (TimeoutError, aiohttp.ClientError, OSError)
-#: Methods aiohttp sends once more itself when a kept-alive connection fails.
-IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 
 #: Told the ``kind`` of every failure of a forwarded request (``Transport.failure``).
 ErrorHook = Callable[[str], None]
-#: A count that took this many seconds or more shares the read timeout with the
-#: answer's head (``Transport.send``); a shorter one is not worth the timer.
-SHARED_FROM = 0.05
 #: Seconds an idle upstream connection is kept for reuse (below uvicorn's 5 s).
 IDLE_KEEPALIVE = 4.0
 
@@ -88,15 +83,14 @@ class Transport:
     ) -> None:
         """``on_error``: counts the failures of forwarded requests; ``lone``: the engine
         of an upstream that nothing probes (its log line says what brings it back);
-        ``on_retry``: counts the requests sent once more (``_resend``), by reason."""
+        ``on_retry``: counts the requests sent once more (``proxy.upstream.resend``),
+        by reason."""
         self.base_url = settings.upstream_url
         self.lone = lone
         self.health_interval = settings.health_interval
         self.connect_timeout = settings.connect_timeout
         self.read_timeout = settings.read_timeout
         self._on_error = on_error
-        self._on_retry = on_retry
-        self._fresh_session: aiohttp.ClientSession | None = None
         key = settings.upstream_api_key
         self._auth: dict[str, str] = {"authorization": f"Bearer {key}"} if key else {}
         self._user_agent = f"trimproxy/{proxy.__version__}"
@@ -112,11 +106,12 @@ class Transport:
         self.timeout = aiohttp.ClientTimeout(
             total=None, connect=settings.connect_timeout, sock_read=settings.read_timeout
         )
+        self._resend = Resend(self.timeout, on_retry)
         self._session = aiohttp.ClientSession(
             # An idle connection is dropped after 4 s, before the engine's own server
             # drops it (uvicorn's 5 s, vLLM's and FastChat's default); a request sent on a
             # connection the engine is just closing anyway is sent once more on a fresh
-            # one (``_resend``, docs/engines.md).
+            # one (``proxy.upstream.resend``, docs/engines.md).
             connector=aiohttp.TCPConnector(
                 limit=0, keepalive_timeout=IDLE_KEEPALIVE, ttl_dns_cache=300
             ),
@@ -205,53 +200,41 @@ class Transport:
         client's disconnect (``client_gone``) is raced against the wait: when the
         client leaves first, the request is cancelled, which closes the upstream
         connection and lets the server abort the generation. A connection that fails
-        takes the engine out of the rotation; one closed before any answer byte is
-        sent once more on a fresh connection (``_resend``). ``count_spent``: the
-        seconds the request's count took (``Prepared.counted_in``); the head must come
-        within what that leaves of the read timeout, so the two share one deadline
-        (``SHARED_FROM``).
+        takes the engine out of the rotation, one closed before any answer byte is
+        sent once more on a fresh connection (``proxy.upstream.resend``). The head shares
+        one deadline with the request's count, which took ``count_spent`` seconds
+        (``Prepared.counted_in``, ``proxy.upstream.deadline``).
         """
-        # encoded=True: the path is in normal form already (proxy.paths) and goes out
-        # byte for byte; yarl would otherwise resolve dot segments and re-quote.
         url = engine.urls.get(path)
         if url is None:
-            url = URL(engine.url + path, encoded=True)
-            if path in KNOWN_ROUTES:  # built once for the routes that carry the traffic
-                engine.urls[path] = url
+            url = _url(engine, path)
         if count_spent >= self.read_timeout:  # the count took it all: not sent at all
-            raise self._counted(deadline_passed(engine.url, self.read_timeout, count_spent))
+            raise self.counted(deadline_passed(engine.url, self.read_timeout, count_spent))
         engine.sent()
         asked_in = engine.health.epoch
-        # A body the client sent without a type goes up without one, not as the
-        # application/octet-stream aiohttp would name it.
+        # A body sent without a type goes up without one, not as aiohttp's octet-stream.
         skip = _SKIP_TYPE if body is not None and "content-type" not in headers else None
         with CancelOnDisconnect(client_gone) as watch:
             try:
-                # session.request inline (not _request): one Python frame less on every
-                # request (docs/performance.md §6).
+                # session.request inline: a Python frame less (docs/performance.md §6).
                 request = self._session.request(
                     method, url, headers=headers, data=body, allow_redirects=False,
                     skip_auto_headers=skip,
                 )  # fmt: skip
                 if count_spent < SHARED_FROM:
                     response = await request
+                elif (got := await head_within(request, self.read_timeout - count_spent)) is None:
+                    raise self.counted(deadline_passed(engine.url, self.read_timeout, count_spent))
                 else:
-                    response = await self._before(count_spent, request, engine)
+                    response = got
             except TRANSPORT_ERRORS as exc:
-                if dropped(exc) and method not in IDEMPOTENT_METHODS:
-                    response = await self._resend(engine, method, url, headers, body, skip)
-                else:
-                    failure = self.failure(exc, origin=engine.url)
-                    # ``exc``, not ``failure``: the ProxyError gets its __cause__ only when
-                    # raised below, and the engine must leave the rotation now, not at its
-                    # next probe (docs/architecture.md §20, Dispatch).
-                    if connection_failed(exc):
-                        self.engine_failed(engine, failure.kind or "connect")
-                    raise failure from exc
+                response = await self._resend.failed(
+                    self, exc, engine, method, url, headers, body, skip
+                )
             problem = invalid_head(response)
             if problem is not None:
                 response.close()
-                raise self._counted(protocol_error(engine.url, problem))
+                raise self.counted(protocol_error(engine.url, problem))
             if response.status >= 500:
                 if self._on_error is not None:
                     self._on_error("http_5xx")  # relayed as it is, but the upstream failed
@@ -260,73 +243,6 @@ class Transport:
             return response
         assert watch.fired  # only a disconnect ends the block without a return
         raise ClientClosedRequest("The client closed the connection before the answer.")
-
-    @staticmethod
-    def _request(
-        session: aiohttp.ClientSession,
-        method: str,
-        url: URL,
-        headers: Mapping[str, str],
-        body: bytes | None,
-        skip: tuple[str, ...] | None,
-    ) -> Awaitable[aiohttp.ClientResponse]:
-        return session.request(
-            method, url, headers=headers, data=body, allow_redirects=False, skip_auto_headers=skip
-        )
-
-    async def _before(
-        self, spent: float, request: Awaitable[aiohttp.ClientResponse], engine: Engine
-    ) -> aiohttp.ClientResponse:
-        """The answer's head within what is left of the read timeout once the
-        request's count has taken ``spent`` seconds of it."""
-        deadline = asyncio.get_running_loop().time() + self.read_timeout - spent
-        try:
-            async with asyncio.timeout_at(deadline) as bound:
-                return await request
-        except TimeoutError:
-            if not bound.expired():
-                raise  # aiohttp's own read timeout: the usual 504
-        raise self._counted(deadline_passed(engine.url, self.read_timeout, spent)) from None
-
-    async def _resend(
-        self,
-        engine: Engine,
-        method: str,
-        url: URL,
-        headers: Mapping[str, str],
-        body: bytes | None,
-        skip: tuple[str, ...] | None,
-    ) -> aiohttp.ClientResponse:
-        """Once more, on a fresh connection, a request whose connection was closed before
-        any of its answer came: nothing was answered, so nothing is lost. aiohttp does
-        this itself for idempotent methods only; a chat POST on a kept-alive connection
-        that the engine was just closing would fail otherwise. Never a third time."""
-        if self._on_retry is not None:
-            self._on_retry("disconnected")
-        log.info("engine %s closed the connection before answering; sending once more on a "
-                 "fresh connection", engine.label)  # fmt: skip
-        try:
-            return await self._request(self._fresh(), method, url, headers, body, skip)
-        except TRANSPORT_ERRORS as exc:
-            if connection_failed(exc):
-                self.engine_failed(engine, "connect")
-                then = "and refused a new connection"
-            elif dropped(exc):
-                then = "and again on a fresh connection"
-            else:
-                raise self.failure(exc, origin=engine.url) from exc
-            raise self._counted(closed_before_answer(engine.url, then)) from exc
-
-    def _fresh(self) -> aiohttp.ClientSession:
-        """A session whose every request opens a new connection (the retries')."""
-        if self._fresh_session is None:
-            self._fresh_session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, force_close=True),
-                timeout=self.timeout,
-                auto_decompress=False,
-                cookie_jar=aiohttp.DummyCookieJar(),
-            )
-        return self._fresh_session
 
     def failure(
         self,
@@ -343,9 +259,10 @@ class Transport:
             error = upstream_failure(exc, where, self.read_timeout, self.connect_timeout)
         else:
             error = broken_off(exc, str(answer.url.origin()))
-        return self._counted(error)
+        return self.counted(error)
 
-    def _counted(self, error: ProxyError) -> ProxyError:
+    def counted(self, error: ProxyError) -> ProxyError:
+        """``error``, counted by its kind."""
         if self._on_error is not None and error.kind is not None:
             self._on_error(error.kind)
         return error
@@ -396,5 +313,14 @@ class Transport:
 
     async def aclose(self) -> None:
         await self._session.close()
-        if self._fresh_session is not None:
-            await self._fresh_session.close()
+        await self._resend.aclose()
+
+
+def _url(engine: Engine, path: str) -> URL:
+    """``path`` on ``engine``, kept for the routes that carry the traffic."""
+    # encoded=True: the path is in normal form already (proxy.paths) and goes out
+    # byte for byte; yarl would otherwise resolve dot segments and re-quote.
+    url = URL(engine.url + path, encoded=True)
+    if path in KNOWN_ROUTES:
+        engine.urls[path] = url
+    return url

@@ -195,7 +195,7 @@ def test_a_stream_slower_than_the_read_timeout_but_never_idle_that_long_complete
     proxy: ProxyProcess, bad_upstream: BadUpstream
 ) -> None:
     # 6 events 0.6 s apart: 3.6 s in all against the module's 2 s read timeout. The
-    # timeout is kept per read (relay.ReadDeadline), so none of the gaps trips it.
+    # timeout is kept per read (read_deadline.ReadDeadline), so none of the gaps trips it.
     bad_upstream.behave("slow_sse", events=6, gap=0.6)
     before = errors(proxy, "timeout")
     began = time.monotonic()

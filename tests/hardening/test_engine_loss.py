@@ -2,7 +2,7 @@
 was just closing, or an engine that died while answering a non-streamed request.
 
 Nothing of the answer came, so nothing is lost by sending the request again: once on
-a fresh connection to the same engine (``Transport._resend``, counted in
+a fresh connection to the same engine (``proxy.upstream.resend``, counted in
 ``trimproxy_upstream_retries_total``), never a third time; then, when the engine
 refuses or drops that too and another engine is there, on the next one
 (``proxy.upstream.failover``). What is answered otherwise says that the engine
