@@ -181,13 +181,12 @@ class Upstream:
 
     async def models(self) -> tuple[ServedModel, ...]:
         """The served models, from ``GET /v1/models``; cached, one request at a time."""
-        # Every request asks: the fresh list is read without a call of Flight's
+        # Every request asks: the fresh list is read without a coroutine of Flight's
         # (docs/performance.md §6).
-        flight = self._models
-        known = flight.values.get(None)
-        if known is not None and known[1] > flight.clock():
-            return known[0]
-        return await flight.get(None, self._served)
+        known = self._models.fresh(None)
+        if known is not None:
+            return known
+        return await self._models.get(None, self._served)
 
     async def _served(self) -> tuple[ServedModel, ...]:
         """Every engine's ``/v1/models`` in one list (``merge_served``); those that

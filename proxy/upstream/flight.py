@@ -15,28 +15,26 @@ V = TypeVar("V")
 
 class Flight(Generic[K, V]):
     """``get(key, fetch)``: the cached value while fresh, else ``fetch()``'s, shared
-    with every caller that asks meanwhile; ``ttl(value)`` says how long it keeps.
-    ``values``: each key's value and the ``clock`` time it keeps until, for a caller on
-    every request's path to read without a call (``Upstream.models``)."""
+    with every caller that asks meanwhile; ``ttl(value)`` says how long it keeps."""
 
     def __init__(
         self, ttl: Callable[[V], float], clock: Callable[[], float] = time.monotonic
     ) -> None:
         self._ttl = ttl
-        self.clock = clock
-        self.values: dict[K, tuple[V, float]] = {}
+        self._clock = clock
+        self._values: dict[K, tuple[V, float]] = {}
         self._pending: dict[K, asyncio.Future[V]] = {}
 
     def fresh(self, key: K) -> V | None:
         """The cached value while fresh, else None; no coroutine (``get`` is one)."""
-        known = self.values.get(key)
-        if known is not None and known[1] > self.clock():
+        known = self._values.get(key)
+        if known is not None and known[1] > self._clock():
             return known[0]
         return None
 
     async def get(self, key: K, fetch: Callable[[], Awaitable[V]]) -> V:
-        now = self.clock()
-        known = self.values.get(key)
+        now = self._clock()
+        known = self._values.get(key)
         if known is not None and known[1] > now:
             return known[0]
         pending = self._pending.get(key)
@@ -46,7 +44,7 @@ class Flight(Generic[K, V]):
         self._pending[key] = future
         try:
             value = await fetch()
-            self.values[key] = (value, now + self._ttl(value))
+            self._values[key] = (value, now + self._ttl(value))
             future.set_result(value)
             return value
         except BaseException as exc:
@@ -59,5 +57,5 @@ class Flight(Generic[K, V]):
     def keep_only(self, keys: set[K]) -> None:
         """Forget every value whose key is not in ``keys`` (what the upstream lists
         bounds what is kept)."""
-        for gone in [k for k in self.values if k not in keys]:
-            del self.values[gone]
+        for gone in [k for k in self._values if k not in keys]:
+            del self._values[gone]
