@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 from fastapi import FastAPI
@@ -16,8 +16,6 @@ from starlette.types import Message, Receive, Scope, Send
 import proxy
 from proxy.chains.keeper import Keeper, build_keeper
 from proxy.dependencies import Services
-from proxy.dialects import anthropic_errors
-from proxy.dialects.anthropic_errors import speaks_anthropic
 from proxy.errors import ProxyError, envelope
 from proxy.fleet import Fleet, Gates
 from proxy.logs import setup_logging
@@ -26,7 +24,9 @@ from proxy.middleware import Accounting, ApiKeys, InFlightLimit
 from proxy.models import ModelRoute, ModelRoutes, ModelsFileError, build_routes, load_models
 from proxy.openapi import DESCRIPTION
 from proxy.pipeline.breakoff import RelayAborted, quiet_relay_aborts
-from proxy.pipeline.handler import ChatRoute, dialect_routes, error_response
+from proxy.pipeline.dialect import Dialect
+from proxy.pipeline.handler import DirectRoute, error_response, handler_for
+from proxy.pipeline.table import Table, builtin_dialects
 from proxy.routes import routes
 from proxy.sessions.gate import Sessions, build_sessions
 from proxy.settings import Settings
@@ -40,13 +40,22 @@ _YOUNG_THRESHOLD = 10_000
 
 
 def create_app(
-    settings: Settings | None = None, metrics: Metrics | None = None, *, serving: bool = False
+    settings: Settings | None = None,
+    metrics: Metrics | None = None,
+    *,
+    serving: bool = False,
+    dialects: Iterable[Dialect] | None = None,
 ) -> FastAPI:
     """The proxy app, a ``FastAPI``: an operator adds routes, dependencies and
     middleware to it the FastAPI way. ``serving``: this process serves it and nothing
-    else (``trimproxy serve``): once started, its heap is settled (``settle_heap``)."""
+    else (``trimproxy serve``): once started, its heap is settled (``settle_heap``).
+    ``dialects``: the prompt routes' wire formats (the dialect table, §22; by default
+    chat, Responses, Messages and completions): their routes, the API keys' and the
+    in-flight limit's paths, the metrics' route labels and the error envelopes all
+    follow from it."""
     settings = settings if settings is not None else Settings()
     metrics = metrics if metrics is not None else Metrics()
+    table = Table(builtin_dialects() if dialects is None else dialects)
     app = FastAPI(
         title="trimproxy",
         version=proxy.__version__,
@@ -58,21 +67,23 @@ def create_app(
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     refused_in_one_line(app)
-    app.router.routes.extend([*dialect_routes(), *routes()])
+    app.state.dialects = table
+    app.router.routes.extend([*table.routes, *routes()])
     app.add_exception_handler(ProxyError, _proxy_error)
     app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _unexpected)
     quiet_relay_aborts()
     # Added innermost first: Accounting sees every answer, the 401s and 429s too.
-    # ChatRoute is innermost, so it serves the chat route ahead of FastAPI's exception
-    # middleware, router and dependency solving; middleware an operator adds later is
-    # outside it and sees the chat requests (docs/fastapi.md).
-    app.add_middleware(ChatRoute)
+    # DirectRoute is innermost, so it serves the first dialect's route (chat's) ahead of
+    # FastAPI's exception middleware, router and dependency solving; middleware an
+    # operator adds later is outside it and sees the chat requests (docs/fastapi.md).
+    chat = table.dialects[0]
+    app.add_middleware(DirectRoute, path=chat.path, handler=handler_for(chat))
     if settings.max_in_flight:
-        app.add_middleware(InFlightLimit, limit=settings.max_in_flight)
+        app.add_middleware(InFlightLimit, limit=settings.max_in_flight, table=table)
     if settings.api_key_set:
-        app.add_middleware(ApiKeys, keys=settings.api_key_set)
-    app.add_middleware(Accounting, metrics=metrics)
+        app.add_middleware(ApiKeys, keys=settings.api_key_set, table=table)
+    app.add_middleware(Accounting, metrics=metrics, table=table)
     return app
 
 
@@ -239,9 +250,14 @@ def app_from_env() -> FastAPI:
     return create_app(settings, serving=True)
 
 
+def _table(request: Request) -> Table:
+    table: Table = request.app.state.dialects
+    return table
+
+
 async def _proxy_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ProxyError)  # registered for ProxyError only
-    return error_response(request, exc)
+    return error_response(request, exc, _table(request).envelope_for(request.scope["path"]))
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:
@@ -256,10 +272,8 @@ async def _http_error(request: Request, exc: HTTPException) -> Response:
         message, code = f"{request.method} is not allowed on {path}.", "method_not_allowed"
     else:
         message, code = str(exc.detail), "http_error"
-    if speaks_anthropic(path):  # an Anthropic client reads Anthropic's envelope
-        body = anthropic_errors.envelope(exc.status_code, message)
-    else:
-        body = envelope(message, "invalid_request_error", code)
+    # In the envelope of the path's dialect (an Anthropic client reads Anthropic's).
+    body = _table(request).envelope_for(path).plain(exc.status_code, message, code)
     return Response(
         body, status_code=exc.status_code, media_type=JSON_MEDIA_TYPE, headers=exc.headers
     )

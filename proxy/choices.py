@@ -13,9 +13,10 @@ from typing import Literal
 LimitAction = Literal["reset", "reject"]
 #: When the session store (or a shared ledger) fails: serve without it, or answer 503.
 StoreFailure = Literal["open", "closed"]
-#: The API a prompt came in by: the ``endpoint`` label of the prompt, trim, session and
-#: admission series and the access line's ``endpoint`` (docs/monitoring.md).
-Endpoint = Literal["chat", "responses", "messages", "completions"]
+#: The API a prompt came in by: its dialect's name (``proxy.pipeline.table``), the
+#: ``endpoint`` label of the prompt, trim, session and admission series and the access
+#: line's ``endpoint`` (docs/monitoring.md). Bounded: one value per row of the table.
+Endpoint = str
 
 #: The request header that names the session (``TRIMPROXY_SESSION_HEADER``).
 DEFAULT_SESSION_HEADER = "X-Session-ID"

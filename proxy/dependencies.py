@@ -45,6 +45,22 @@ class Services:
             return self
         return self.by_model.get(model, self)
 
+    def routes_by_session(self) -> bool:
+        """Whether requests are routed by their session: ``TRIMPROXY_ROUTING=session``
+        over more than one live engine (a lone engine is never routed, and asking it
+        costs nothing: docs/performance.md §6)."""
+        upstream = self.upstream
+        return (
+            self.settings.routing == "session"
+            and upstream.lone is None
+            and len(upstream.engines.live()) >= 2
+        )
+
+    def needs_session_key(self) -> bool:
+        """Whether a prompt request needs its session identity: for the session limits,
+        or to route it by its session."""
+        return self.sessions is not None or self.routes_by_session()
+
 
 def services(request: Request) -> Services:
     svc: Services = request.app.state.services

@@ -21,7 +21,6 @@ from __future__ import annotations
 import glob
 import os
 from collections.abc import Iterator
-from typing import get_args
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -72,12 +71,10 @@ SECONDS_BUCKETS = (
 # quantiles read 0 (not the -0.5 that interpolating inside (-1, 0] gives) for an exact counter.
 ERROR_BUCKETS = (-4096, -1024, -256, -64, -16, -4, -1, -0.5, 0, 0.5, 1, 4, 16, 64, 256, 1024, 4096)
 
-KNOWN_ROUTES = frozenset(
+#: The routes that are not a dialect's: each is its own ``route`` label, as is every
+#: dialect's path (the dialect table, ``proxy.pipeline.table``, adds them).
+OWN_ROUTES = frozenset(
     (
-        "/v1/chat/completions",
-        "/v1/completions",
-        "/v1/responses",
-        "/v1/messages",
         "/v1/models",
         "/v1/embeddings",
         "/tokenize",
@@ -95,20 +92,15 @@ OTHER_MODEL = "other"
 #: Engines that get an ``engine`` label of their own; those found after are ``other``.
 MAX_ENGINE_LABELS = 64
 OTHER_ENGINE = "other"
-#: Every value of the ``endpoint`` label, in the order dashboards and ``top`` list them.
-ENDPOINTS: tuple[Endpoint, ...] = get_args(Endpoint)
-#: Each endpoint's route: the ``route`` label of its upstream time to first byte.
-ENDPOINT_ROUTES: dict[Endpoint, str] = {
-    "chat": "/v1/chat/completions",
-    "responses": "/v1/responses",
-    "messages": "/v1/messages",
-    "completions": "/v1/completions",
-}
+#: The built-in dialects' ``endpoint`` labels, in the order dashboards and ``top`` list
+#: them; bound up front so each series reads 0 from the start.
+ENDPOINTS: tuple[Endpoint, ...] = ("chat", "responses", "messages", "completions")
 
 
-def route_label(path: str) -> str:
-    """Bounded ``route`` label: the known paths by name, everything else ``other``."""
-    return path if path in KNOWN_ROUTES else "other"
+def route_label(path: str, known: frozenset[str] = OWN_ROUTES) -> str:
+    """Bounded ``route`` label: the known paths by name (``known``: the proxy's own and
+    every dialect's, from the dialect table), everything else ``other``."""
+    return path if path in known else "other"
 
 
 def multiprocess_dir() -> str | None:
@@ -411,17 +403,20 @@ class Metrics:
         # Children of the per-request series, resolved once: labels() takes a lock and
         # builds a key on every call, and the hot path needs only a handful. One map of
         # model labels per endpoint: a request looks up its model, never builds a key.
-        self._models: dict[str, dict[str, ModelSeries]] = {e: {} for e in ENDPOINTS}
+        self._models: dict[str, dict[str, ModelSeries]] = {}
         self.chat_ttfb = self.upstream_ttfb.labels("/v1/chat/completions")
         self._answered: dict[tuple[str, int], tuple[CounterChild, HistogramChild]] = {}
 
-    def for_model(self, label: str, endpoint: Endpoint = "chat") -> ModelSeries:
+    def for_model(self, label: str, endpoint: Endpoint, route: str) -> ModelSeries:
         """The series of one ``model`` label (bounded by the caller: a name from the
-        models file or an upstream's list, else ``other``) on one endpoint."""
-        models = self._models[endpoint]
+        models file or an upstream's list, else ``other``) on one endpoint, served on
+        ``route`` (the label of its upstream time to first byte)."""
+        models = self._models.get(endpoint)
+        if models is None:
+            models = self._models[endpoint] = {}
         series = models.get(label)
         if series is None:
-            series = models[label] = ModelSeries(self, label, endpoint)
+            series = models[label] = ModelSeries(self, label, endpoint, route)
         return series
 
     def engine_label(self, name: str) -> str:
@@ -480,7 +475,7 @@ class ModelSeries:
         "ttfb",
     )
 
-    def __init__(self, metrics: Metrics, label: str, endpoint: Endpoint = "chat") -> None:
+    def __init__(self, metrics: Metrics, label: str, endpoint: Endpoint, route: str) -> None:
         self.label = label
         self.endpoint: Endpoint = endpoint
         self.prompt_received = metrics.prompt_tokens.labels("received", label, endpoint)
@@ -488,7 +483,7 @@ class ModelSeries:
         self.trimmed_messages = metrics.trimmed_messages.labels(label, endpoint)
         self.trimmed_tokens = metrics.trimmed_tokens.labels(label, endpoint)
         self.estimate_error = metrics.estimate_error.labels(label)
-        self.ttfb = metrics.upstream_ttfb.labels(ENDPOINT_ROUTES[endpoint])
+        self.ttfb = metrics.upstream_ttfb.labels(route)
         self._trim_events = metrics.trim_events
         self._trim_reasons: dict[str, CounterChild] = {}
 

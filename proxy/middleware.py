@@ -12,8 +12,6 @@ from urllib.parse import quote, unquote
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from proxy.dialects import anthropic_errors
-from proxy.dialects.anthropic_errors import speaks_anthropic
 from proxy.errors import InvalidApiKey, InvalidRequest, Overloaded, ProxyError
 from proxy.logs import (
     FACTS_KEY,
@@ -22,20 +20,19 @@ from proxy.logs import (
     RequestFacts,
     ensure_request_id,
 )
-from proxy.metrics import KNOWN_ROUTES, Metrics, route_label
+from proxy.metrics import Metrics, route_label
 from proxy.paths import BadPath, route
 from proxy.pipeline.breakoff import RelayAborted
+from proxy.pipeline.table import Table
 from proxy.types import JSON_MEDIA_TYPE
 
-_GUARDED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
 
-
-async def send_error(send: Send, error: ProxyError, path: str) -> None:
-    """``error`` answered in the envelope of ``path``'s API (OpenAI's, or Anthropic's
-    on the Messages paths)."""
+async def send_error(send: Send, error: ProxyError, path: str, table: Table) -> None:
+    """``error`` answered in the envelope of ``path``'s dialect (OpenAI's, or Anthropic's
+    on the Messages paths: the dialect table's ``envelope_for``)."""
     headers = [(b"content-type", JSON_MEDIA_TYPE.encode())]
     headers.extend((k.lower().encode(), v.encode()) for k, v in error.headers.items())
-    body = anthropic_errors.error_body(error) if speaks_anthropic(path) else error.body()
+    body = table.envelope_for(path).body(error)
     headers.append((b"content-length", str(len(body)).encode()))
     await send({"type": "http.response.start", "status": error.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
@@ -43,21 +40,20 @@ async def send_error(send: Send, error: ProxyError, path: str) -> None:
 
 # Scrapes and probes arrive every few seconds; their access lines are debug-level.
 _QUIET_ROUTES = frozenset(("/metrics", "/healthz", "/readyz"))
-# The proxy's own route names as clients send them: already in normal form (no dot
-# segments, escapes or repeated slashes), so routing them cannot change them.
-_NORMAL_PATHS = frozenset(path.encode("ascii") for path in KNOWN_ROUTES)
 
 
-def routed_scope(scope: Scope) -> Scope:
+def routed_scope(scope: Scope, normal: frozenset[bytes] = frozenset()) -> Scope:
     """The scope with its path in normal form (``proxy.paths``), routed and forwarded
     as such; raises ``InvalidRequest`` for a path the rule refuses.
 
     ``raw_path`` is what the client sent, undecoded (ASGI servers set it); the
     decoded ``path`` is rebuilt from the normal form, so the router and the
-    handlers, the API-key check and the metrics all see the same path.
+    handlers, the API-key check and the metrics all see the same path. ``normal``: the
+    route names as clients send them, already in normal form (no dot segments, escapes
+    or repeated slashes), so routing them cannot change them.
     """
     raw_path: bytes | None = scope.get("raw_path")
-    if raw_path in _NORMAL_PATHS:
+    if raw_path in normal:
         return scope  # what route() would say, without its cost on every request
     raw = raw_path.decode("latin-1") if raw_path else quote(scope["path"])
     try:
@@ -111,10 +107,15 @@ class Accounting:
     response. Outermost, so it sees the 401s and 429s of the middleware inside it.
     """
 
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+    def __init__(self, app: ASGIApp, metrics: Metrics, table: Table) -> None:
         self.app = app
         self.metrics = metrics
         self.access = AccessLog()
+        self.table = table
+        #: The ``route`` labels: the proxy's own routes and every dialect's.
+        self.routes = table.route_labels
+        # The route names as clients send them, which routing cannot change.
+        self.normal = frozenset(path.encode("ascii") for path in table.route_labels)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -122,13 +123,13 @@ class Accounting:
             return
         start = time.perf_counter()
         try:
-            scope = routed_scope(scope)
+            scope = routed_scope(scope, self.normal)
         except InvalidRequest as exc:
             refused: ProxyError | None = exc
         else:
             refused = None
         path: str = scope["path"]
-        route = route_label(path)
+        route = route_label(path, self.routes)
         request_id, headers = ensure_request_id(scope["headers"])
         if headers is not None:
             scope = {**scope, "headers": headers}
@@ -149,7 +150,7 @@ class Accounting:
         try:
             if refused is not None:
                 facts.error = refused.code
-                await send_error(answer, refused, path)
+                await send_error(answer, refused, path, self.table)
             else:
                 await self.app(scope, receive_wrapper, answer)
         except RelayAborted as exc:
@@ -175,12 +176,15 @@ class ApiKeys:
     nothing about which key nearly matched.
     """
 
-    def __init__(self, app: ASGIApp, keys: frozenset[str]) -> None:
+    def __init__(self, app: ASGIApp, keys: frozenset[str], table: Table) -> None:
         self.app = app
         self.keys = tuple(k.encode() for k in keys)
+        self.table = table
+        #: What is guarded: everything forwarded, and every dialect's route wherever it is.
+        self.guarded = table.guarded
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith(_GUARDED_PREFIXES):
+        if scope["type"] != "http" or not scope["path"].startswith(self.guarded):
             await self.app(scope, receive, send)
             return
         bearer: bytes | None = None
@@ -198,7 +202,8 @@ class ApiKeys:
         for key in self.keys:
             matched |= hmac.compare_digest(presented, key)
         if not matched:
-            await send_error(send, InvalidApiKey(_refusal(presented, scheme)), scope["path"])
+            refusal = InvalidApiKey(_refusal(presented, scheme))
+            await send_error(send, refusal, scope["path"], self.table)
             return
         await self.app(scope, receive, send)
 
@@ -231,13 +236,14 @@ class InFlightLimit:
     the handler (the app's error handler answers it). Slow uploads never hold a slot.
     """
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
+    def __init__(self, app: ASGIApp, limit: int, table: Table) -> None:
         self.app = app
         self.limit = limit
         self.current = 0
+        self.guarded = table.guarded
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith(_GUARDED_PREFIXES):
+        if scope["type"] != "http" or not scope["path"].startswith(self.guarded):
             await self.app(scope, receive, send)
             return
         entered = False

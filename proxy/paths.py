@@ -30,19 +30,6 @@ from dataclasses import dataclass
 
 FORWARDED_PREFIX = "/v1/"
 FORWARDED_EXACT = frozenset(("/tokenize", "/detokenize"))
-#: The routes that carry a prompt to the engine: each has a handler of its own that
-#: bounds it (docs/architecture.md §22), POST only; every other forwarded path is
-#: relayed blind (or refused: TRIMPROXY_BLIND_ROUTES).
-PROMPT_PATHS = frozenset(
-    (
-        "/v1/chat/completions",
-        "/v1/completions",
-        "/v1/responses",
-        "/v1/messages",
-        "/v1/messages/count_tokens",
-    )
-)
-
 _UNRESERVED = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
 _HEX = frozenset("0123456789abcdefABCDEF")
 # Characters allowed raw in a path by RFC 3986 (pchar and "/"), plus "%" for escapes.

@@ -1,8 +1,6 @@
 """The app's own routes: the ``/v1/models`` union, ``/healthz``, ``/readyz``,
-``/metrics`` and the blind relay of the rest of ``/v1/``. The prompt routes' handlers
-are the request path's (``proxy.pipeline.handler``); the chat route is served by
-``ChatRoute`` ahead of FastAPI's router, and its ``APIRoute`` here is what ``/docs``
-lists (and serves under a root path).
+``/metrics`` and the blind relay of the rest of ``/v1/``. The prompt routes are the
+dialect table's (``proxy.pipeline.table``), served by the request path's handler.
 """
 
 from __future__ import annotations
@@ -26,10 +24,8 @@ from proxy.errors import (
 from proxy.logs import request_facts
 from proxy.metrics import CONTENT_TYPE
 from proxy.models import union_models
-from proxy.openapi import CHAT_BODY, CHAT_RESPONSES, HealthBody, ReadinessBody
-from proxy.paths import PROMPT_PATHS
+from proxy.openapi import HealthBody, ReadinessBody
 from proxy.pipeline.forward import Outgoing, forward
-from proxy.pipeline.handler import CHAT_PATH, chat_completions
 from proxy.pipeline.read import read_body
 from proxy.pipeline.relay import STREAM_WATCH_DELAY, WATCH_DELAY, Relay, watch_disconnect
 from proxy.types import JSON_MEDIA_TYPE
@@ -43,7 +39,8 @@ async def passthrough(request: Request) -> Response:
     # The path in normal form (proxy.paths, applied by the Accounting middleware):
     # exactly what was routed goes upstream, and the query string as the client sent it.
     path = request.scope["raw_path"].decode("ascii")
-    refuse_unbounded(request.method, path, svc.settings.blind_routes)
+    prompt_paths: frozenset[str] = request.app.state.dialects.prompt_paths
+    refuse_unbounded(request.method, path, svc.settings.blind_routes, prompt_paths)
     body = await read_body(request, svc.settings.max_body_bytes, svc.settings.body_timeout)
     if svc.upstreams and path == "/v1/models" and request.method == "GET":
         return await union_of_models(request, svc)
@@ -52,7 +49,7 @@ async def passthrough(request: Request) -> Response:
     query = request.scope.get("query_string", b"")
     if query:
         path = f"{path}?{query.decode('latin-1')}"
-    headers = svc.upstream.transport.request_headers(request.scope["headers"])
+    headers = svc.upstream.request_headers(request.scope["headers"])
     # Watched once the body is read (reading it notices a client that leaves before).
     # Not parsed here: a body that names "stream" at all may stream, and only picks the
     # watcher's delay.
@@ -63,17 +60,19 @@ async def passthrough(request: Request) -> Response:
     return Relay(sent, client_gone)
 
 
-def refuse_unbounded(method: str, path: str, blind_routes: str) -> None:
+def refuse_unbounded(
+    method: str, path: str, blind_routes: str, prompt_paths: frozenset[str]
+) -> None:
     """What the relay must not pass on: another method on a route that carries a
     prompt (405), another spelling of one (404: an upstream that matched it
     case-blind would run the prompt unbounded), and with TRIMPROXY_BLIND_ROUTES=refuse
     every route but GET /v1/models (404)."""
-    if path in PROMPT_PATHS:
+    if path in prompt_paths:
         raise MethodNotAllowed(
             f"{method} is not allowed on {path}; it takes POST requests.",
             headers={"allow": "POST"},
         )
-    if path.lower() in PROMPT_PATHS:
+    if path.lower() in prompt_paths:
         raise RouteNotFound(
             f"No route {path}: paths are case-sensitive. Send it to {path.lower()}."
         )
@@ -101,7 +100,7 @@ async def union_of_models(request: Request, svc: Services) -> Response:
     none of the engines could be reached, 503 ``no_engine_available`` as for chat."""
 
     async def ask(upstream: Upstream, engine: Engine) -> tuple[int, bytes, str]:
-        headers = upstream.transport.request_headers(request.scope["headers"])
+        headers = upstream.request_headers(request.scope["headers"])
         response = await upstream.forward("GET", "/v1/models", headers, None, engine=engine)
         try:
             return response.status, await response.read(), response.content_type
@@ -199,15 +198,6 @@ def routes() -> list[Route]:
     describes them) and which skip FastAPI's per-request dependency solving."""
     tags: list[str | Enum] = ["proxy"]
     documented: list[Route] = [
-        APIRoute(
-            CHAT_PATH,
-            chat_completions,
-            methods=["POST"],
-            summary="Chat completion, trimmed to the token budget",
-            responses=CHAT_RESPONSES,
-            openapi_extra=CHAT_BODY,
-            tags=["openai"],
-        ),
         APIRoute(
             "/v1/models",
             passthrough,

@@ -13,10 +13,9 @@ reserve, and the answer may run past it (``proxy.admission.overrun``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Literal
 
-from proxy.chat import ChatRequest
 from proxy.types import Asking
 
 #: Response header: the client's max_tokens, when it was lowered to the cap.
@@ -67,23 +66,6 @@ def allowance_for(chat: Asking, cap: int | None, default: int) -> Allowance:
             return Allowance(default, chat.n, "default")
         return Allowance(asked, chat.n, "request", asked)
     return Allowance(cap, chat.n, "cap", asked)
-
-
-def with_allowance(chat: ChatRequest, allowance: Allowance) -> ChatRequest:
-    """``chat`` with the cap written into its body, or ``chat`` itself when the body
-    already says what the allowance is (the caller then forwards the client's bytes).
-
-    A lowered ask is written to the field it came from (``max_completion_tokens``, which
-    vLLM honours first, else ``max_tokens``); a missing one to ``max_tokens``, the one
-    both vLLM and FastChat read.
-    """
-    if allowance.source != "cap":
-        return chat
-    field = "max_tokens"
-    if allowance.asked is not None and chat.body.get("max_completion_tokens") is not None:
-        field = "max_completion_tokens"
-    body = {**chat.body, field: allowance.tokens}
-    return replace(chat, body=body, max_tokens=allowance.tokens)
 
 
 def capped_headers(allowance: Allowance) -> dict[str, str]:

@@ -22,6 +22,7 @@ from proxy.choices import Endpoint
 from proxy.errors import ClientClosedRequest, Overloaded, SessionStoreUnavailable
 from proxy.hop import CancelOnDisconnect
 from proxy.metrics import ENDPOINTS, Metrics
+from proxy.series import CounterChild
 
 log = logging.getLogger("trimproxy.admission")
 
@@ -62,15 +63,20 @@ class KvAdmission:
         self._said_missing = False
         # Every (reason, endpoint) child bound up front: each series reads 0 from the
         # start (a rate over it is defined), and a refusal looks up no labels.
-        self._rejected = {
-            endpoint: {
-                reason: metrics.admission_rejected.labels(reason, endpoint)
-                for reason in ("timeout", "store_unavailable", "client_closed")
-            }
-            for endpoint in ENDPOINTS
-        }
+        self._rejected: dict[str, dict[str, CounterChild]] = {}
+        for endpoint in ENDPOINTS:
+            self._bind(endpoint)
         if fixed_tokens is not None:
             self._set(scaled(fixed_tokens, fraction))
+
+    def _bind(self, endpoint: Endpoint) -> dict[str, CounterChild]:
+        """The refusals' children of one endpoint (a dialect beyond the built-in four
+        binds its own on its first refusal)."""
+        rejected = self._rejected[endpoint] = {
+            reason: self.metrics.admission_rejected.labels(reason, endpoint)
+            for reason in ("timeout", "store_unavailable", "client_closed")
+        }
+        return rejected
 
     @property
     def capacity(self) -> Capacity | None:
@@ -128,7 +134,7 @@ class KvAdmission:
         cancelled wait (the client left) leaves the line on its own.
         """
         tokens = self.tokens(need)
-        rejected = self._rejected[endpoint]
+        rejected = self._rejected.get(endpoint) or self._bind(endpoint)
         try:
             reservation = await self.ledger.reserve(tokens, self.timeout)
         except AdmissionTimeout as exc:

@@ -2,8 +2,9 @@
 
 A dialect parses its body into a ``Conversation`` (the trimmable items and the roles
 trimming reads), converts kept items to the chat messages vLLM renders for them (for
-counting), renders the kept items back into its own body, and reads usage from its
-answers. ``responses`` (OpenAI Responses), ``messages`` (Anthropic Messages) and
-``completions`` (raw prompts) are here; chat stays in ``proxy.chat``. What each
-dialect's trim keeps: docs/dialects.md.
+counting), and renders the kept items back into its own body. ``chat`` (chat
+completions), ``responses`` (OpenAI Responses), ``messages`` (Anthropic Messages) and
+``completions`` (raw prompts) are here; each is one row of the dialect table
+(``proxy.pipeline.table``), which also names its usage reader and error envelope. What
+each dialect's trim keeps: docs/dialects.md.
 """

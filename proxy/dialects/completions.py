@@ -21,8 +21,6 @@ import orjson
 from proxy.body import answers, common_fields, load_object, positive_int
 from proxy.dialects.conversation import (
     Conversation,
-    count_of,
-    json_object,
 )
 from proxy.errors import InvalidRequest
 from proxy.types import JSONObject, Message
@@ -153,10 +151,6 @@ def truncation(body: JSONObject) -> int | None:
     return None if value == -1 else value
 
 
-def echoes(conv: Conversation) -> bool:
-    return conv.body.get("echo") is True
-
-
 def to_chat(conv: Conversation, kept: Sequence[int]) -> tuple[list[Message], list[int]]:
     """No chat messages: a raw prompt is counted as it is (``prompt_text``)."""
     return [], []
@@ -169,23 +163,3 @@ def render(conv: Conversation, kept: Sequence[int], max_tokens: int | None) -> b
     if max_tokens is not None:
         body[COMPLETION_FIELD] = max_tokens
     return orjson.dumps(body)
-
-
-def usage_of(body: bytes) -> tuple[int | None, int | None]:
-    """(prompt tokens, completion tokens) of a JSON completion."""
-    answer = json_object(body)
-    return _usage(answer.get("usage") if answer is not None else None)
-
-
-def stream_usage(event_data: bytes) -> tuple[int | None, int | None] | None:
-    """The usage a streamed chunk carries (the last one, with
-    ``stream_options.include_usage``); None for a chunk without."""
-    chunk = json_object(event_data)
-    usage = chunk.get("usage") if chunk is not None else None
-    return _usage(usage) if isinstance(usage, dict) else None
-
-
-def _usage(usage: object) -> tuple[int | None, int | None]:
-    if not isinstance(usage, dict):
-        return None, None
-    return count_of(usage.get("prompt_tokens")), count_of(usage.get("completion_tokens"))

@@ -116,15 +116,8 @@ def rendered(
     return orjson.dumps(body)
 
 
-def count_of(value: Any) -> int | None:
-    """A token count from an answer: a non-negative integer, else None."""
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    return None
-
-
 def json_object(raw: bytes) -> JSONObject | None:
-    """An answer's JSON object, None when it is not one (usage is then unknown)."""
+    """An answer's JSON object, None when it is not one."""
     try:
         value: Any = orjson.loads(raw)
     except orjson.JSONDecodeError:

@@ -17,8 +17,6 @@ from typing import Any
 from proxy.body import common_fields, load_object, positive_int
 from proxy.dialects.conversation import (
     Conversation,
-    count_of,
-    json_object,
     object_list,
     rendered,
     turn_roles,
@@ -32,9 +30,7 @@ __all__ = [
     "chat_tools",
     "parse",
     "render",
-    "stream_usage",
     "to_chat",
-    "usage_of",
 ]
 
 COMPLETION_FIELD = "max_tokens"
@@ -140,37 +136,3 @@ def render(conv: Conversation, kept: Sequence[int], max_tokens: int | None) -> b
     given."""
     updates = {} if max_tokens is None else {COMPLETION_FIELD: max_tokens}
     return rendered(conv, "messages", kept, updates)
-
-
-def usage_of(body: bytes) -> tuple[int | None, int | None]:
-    """(input tokens, output tokens) of a JSON message. Anthropic's ``input_tokens``
-    leaves out the cached part, so the prompt is its sum with the two cache counts."""
-    answer = json_object(body)
-    return _usage(answer.get("usage") if answer is not None else None)
-
-
-def stream_usage(event_data: bytes) -> tuple[int | None, int | None] | None:
-    """The usage an SSE event's JSON carries: ``message_start`` the input tokens (its
-    output count is a placeholder), ``message_delta`` the output tokens (and the input
-    tokens too where the server repeats them, as vLLM does); None for every other."""
-    event = json_object(event_data)
-    kind = event.get("type") if event is not None else None
-    if event is None or kind not in ("message_start", "message_delta"):
-        return None
-    if kind == "message_start":
-        message = event.get("message")
-        usage = message.get("usage") if isinstance(message, dict) else None
-        return _usage(usage)[0], None
-    usage = event.get("usage")
-    prompt, output = _usage(usage)
-    return (prompt if isinstance(usage, dict) and "input_tokens" in usage else None), output
-
-
-def _usage(usage: object) -> tuple[int | None, int | None]:
-    if not isinstance(usage, dict):
-        return None, None
-    prompt = count_of(usage.get("input_tokens"))
-    if prompt is not None:
-        for cached in ("cache_read_input_tokens", "cache_creation_input_tokens"):
-            prompt += count_of(usage.get(cached)) or 0
-    return prompt, count_of(usage.get("output_tokens"))

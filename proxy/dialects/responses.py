@@ -16,8 +16,6 @@ from collections.abc import Sequence
 from proxy.body import common_fields, load_object, positive_int
 from proxy.dialects.conversation import (
     Conversation,
-    count_of,
-    json_object,
     rendered,
     turn_roles,
 )
@@ -27,19 +25,13 @@ from proxy.types import JSONObject
 
 __all__ = [
     "COMPLETION_FIELD",
-    "continues_final",
     "parse",
     "render",
-    "stream_usage",
     "to_chat",
-    "usage_of",
     "with_input",
 ]
 
 COMPLETION_FIELD = "max_output_tokens"
-
-#: The streamed events that close a response and carry its ``usage``.
-_FINAL_EVENTS = frozenset(("response.completed", "response.incomplete", "response.failed"))
 
 
 def parse(raw: bytes) -> Conversation:
@@ -140,16 +132,6 @@ def _user(body: JSONObject) -> str | None:
     return None
 
 
-def continues_final(conv: Conversation, kept: Sequence[int]) -> bool:
-    """Whether vLLM continues the last kept item instead of opening a new answer (no
-    generation prompt): a message or reasoning item left ``in_progress`` or
-    ``incomplete`` (``should_continue_final_message``)."""
-    last = conv.items[kept[-1]] if kept and kept[-1] >= conv.head else None
-    if not isinstance(last, dict) or last.get("type", "message") not in ("message", "reasoning"):
-        return False
-    return last.get("status") in ("in_progress", "incomplete")
-
-
 def render(
     conv: Conversation,
     kept: Sequence[int],
@@ -168,25 +150,3 @@ def render(
     if isinstance(conv.body.get("input"), str):
         updates["input"] = conv.body["input"]
     return rendered(conv, "input", kept, updates)
-
-
-def usage_of(body: bytes) -> tuple[int | None, int | None]:
-    """(input tokens, output tokens) of a JSON response object."""
-    answer = json_object(body)
-    return _usage(answer.get("usage") if answer is not None else None)
-
-
-def stream_usage(event_data: bytes) -> tuple[int | None, int | None] | None:
-    """The usage an SSE event's JSON carries: the final event's response has it
-    (``response.completed``, or ``incomplete``/``failed``); None for every other."""
-    event = json_object(event_data)
-    if event is None or event.get("type") not in _FINAL_EVENTS:
-        return None
-    response = event.get("response")
-    return _usage(response.get("usage") if isinstance(response, dict) else None)
-
-
-def _usage(usage: object) -> tuple[int | None, int | None]:
-    if not isinstance(usage, dict):
-        return None, None
-    return count_of(usage.get("input_tokens")), count_of(usage.get("output_tokens"))

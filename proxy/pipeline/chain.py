@@ -22,8 +22,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
+from fastapi.routing import APIRoute
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import BaseRoute
 from starlette.types import Message, Receive, Scope, Send
 
 from proxy.chains.entry import Stored
@@ -237,3 +239,23 @@ def _keeper(request: Request) -> tuple[Keeper, str]:
     keeper = services(request).keeper
     assert keeper is not None  # built by the lifespan
     return keeper, request.path_params["response_id"]
+
+
+def stored_routes(path: str, tag: str) -> list[BaseRoute]:
+    """``GET`` and ``DELETE`` of a response this proxy stored, under ``path``."""
+    return [
+        APIRoute(
+            path + "/{response_id}",
+            retrieve_response,
+            methods=["GET"],
+            summary="A response this proxy stored (previous_response_id)",
+            tags=[tag],
+        ),
+        APIRoute(
+            path + "/{response_id}",
+            delete_response,
+            methods=["DELETE"],
+            summary="Delete a response this proxy stored",
+            tags=[tag],
+        ),
+    ]

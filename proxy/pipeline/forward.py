@@ -33,18 +33,14 @@ from proxy.dependencies import Services
 from proxy.engines.engine import Engine
 from proxy.errors import ProxyError
 from proxy.logs import RequestFacts
-from proxy.metrics import OTHER_MODEL, Metrics
+from proxy.metrics import Metrics
 from proxy.pipeline.breakoff import FailureMap
 from proxy.pipeline.continuation import CHAT, Continuation, Form, SoFar
-from proxy.pipeline.continuation_responses import RESPONSES_FORM
 from proxy.pipeline.prepare import Prepared
 from proxy.pipeline.relay import ChunkHook
 from proxy.tokens import estimate_error
 from proxy.upstream import unanswered
 from proxy.upstream.failover import failover
-
-#: The routes whose streamed answers go on on another engine, and their forms.
-_FORMS = {"/v1/chat/completions": CHAT, "/v1/responses": RESPONSES_FORM}
 
 
 @dataclass(slots=True)
@@ -110,10 +106,9 @@ class Sent:
             self.reservation.release()
         prepared = self.prepared
         if captured is not None and prepared is not None and self.response.status == 200:
-            error = estimate_error(prepared.forwarded_tokens, captured)
-            if error is not None and self.metrics is not None:
-                series = prepared.series or self.metrics.for_model(OTHER_MODEL)
-                series.estimate_error.observe(error)
+            error = estimate_error(prepared.forwarded_tokens, captured, prepared.dialect.usage)
+            if error is not None:
+                prepared.series.estimate_error.observe(error)
 
 
 async def forward(
@@ -166,7 +161,7 @@ async def _send_routed(
     gates = svc.gates
     allowance = prepared.allowance
     # The most KV this request can hold: its prompt and n whole completions.
-    need = Need(prepared.forwarded_tokens, prepared.reserve, allowance.n if allowance else 1)
+    need = Need(prepared.forwarded_tokens, allowance.tokens, allowance.n)
     key = prepared.session_key
     endpoint = prepared.endpoint
 
@@ -219,15 +214,15 @@ def _continuable(svc: Services, out: Outgoing, prepared: Prepared, sent: Sent) -
     """The continuation form of a streamed answer that has another engine to go on
     on: chat's of one choice without logprobs, or the Responses dialect's (whose
     stream says what it holds, ``ResponsesPartial``) (docs/architecture.md §23)."""
-    form = _FORMS.get(out.path)
+    form = prepared.dialect.form
     if form is None or out.body is None or sent.response.status != 200:
         return None
     if svc.settings.continue_attempts < 1 or len(svc.upstream.engines.all()) < 2:
         return None
     request = prepared.request
     if form is not CHAT:
-        return form if prepared.stream else None
-    if request is None or not request.stream or request.n != 1:
+        return form if request.stream else None
+    if not request.stream or request.n != 1:
         return None
     body = request.body
     return None if body.get("logprobs") or body.get("top_logprobs") else form
@@ -244,7 +239,7 @@ def _continue_on(
     """Make ``sent`` continuable: its chunks kept, and the move to the next engine."""
     upstream = svc.upstream
     key = prepared.session_key
-    model = prepared.request.model if prepared.request is not None else None
+    model = prepared.request.model
     tried: list[Engine] = [] if sent.engine is None else [sent.engine]
     so_far = SoFar(sent.on_chunk, form.partial())
 
@@ -304,11 +299,11 @@ def _watch(
     engine may let outgrow its reservation."""
     sent.headers = {**sent.headers, **wait_header(reservation)}
     allowance = prepared.allowance
-    if allowance is None or allowance.bounded or not reservation.charge:
+    if allowance.bounded or not reservation.charge:
         return
     request = prepared.request
-    stream = prepared.stream
-    usage = stream and request is not None and asks_usage(request.body)
-    sent.watch = AnswerWatch(gate, reservation, need, stream, usage, prepared.shape)
+    stream = request.stream
+    usage = stream and asks_usage(request.body)
+    sent.watch = AnswerWatch(gate, reservation, need, stream, usage, prepared.dialect.answer)
     if stream:
         sent.on_chunk = sent.watch.on_chunk

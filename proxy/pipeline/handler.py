@@ -1,164 +1,75 @@
-"""The handlers of the prompt routes: chat (``ChatRoute``, ahead of the router), the
-Responses API, Anthropic Messages (and its token count) and completions, each read →
-parse (the dialect) → prepare → forward → relay (docs/architecture.md §1, §22). Only
-the parse, the render and the error envelope are the dialect's own; a raw prompt has
-its own prepare step.
+"""The one handler of every prompt route (docs/architecture.md §1, §22): read → parse
+(the dialect) → prepare → forward → relay, for chat, the Responses API, Anthropic
+Messages and completions alike, and any row the dialect table gains. Only what the
+``Dialect`` record holds is a dialect's own.
 
 The handlers take the raw request and return responses directly: FastAPI's body
-validation would parse every message into models, which the proxy never needs."""
+validation would parse every message into models, which the proxy never needs. Every
+error a prompt route answers is in its dialect's envelope.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 
 import orjson
 from fastapi.routing import APIRoute
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from proxy.admission import MESSAGES_ANSWER, RESPONSES_ANSWER
-from proxy.chat import parse_chat
-from proxy.dependencies import Services, services
-from proxy.dialects import anthropic_errors, completions, messages, messages_chat, responses
-from proxy.dialects.anthropic_errors import speaks_anthropic
-from proxy.dialects.conversation import Conversation
+from proxy.dependencies import services
 from proxy.errors import InvalidRequest, ProxyError
-from proxy.logs import RequestFacts, request_facts
+from proxy.logs import request_facts
 from proxy.pipeline import chain as response_chain
-from proxy.pipeline.breakoff import sse_error_event
+from proxy.pipeline.dialect import Dialect, Envelope
 from proxy.pipeline.forward import Outgoing, forward
-from proxy.pipeline.prepare import Prepared, note_model
-from proxy.pipeline.prepare import prepare as prepare_chat
-from proxy.pipeline.prepare_completion import prepare_completion
-from proxy.pipeline.prepare_dialect import Wire, input_tokens, prepare_conversation, wire
+from proxy.pipeline.prepare import input_tokens, note_model, prepare
 from proxy.pipeline.read import read_body
 from proxy.pipeline.relay import STREAM_WATCH_DELAY, WATCH_DELAY, Relay, watch_disconnect
-from proxy.sessions.identity import Identity
 from proxy.types import JSON_MEDIA_TYPE
 
-CHAT_PATH = "/v1/chat/completions"
-RESPONSES_PATH = "/v1/responses"
-MESSAGES_PATH = anthropic_errors.MESSAGES_PATH
-COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
-COMPLETIONS_PATH = "/v1/completions"
 # A non-streaming answer up to this size is kept to compare usage with the count.
 USAGE_CAPTURE_BYTES = 1 << 20
 
-RESPONSES = wire("responses", responses.to_chat, responses.render, RESPONSES_ANSWER)
-MESSAGES = wire(
-    "messages", messages.to_chat, messages.render, MESSAGES_ANSWER, messages_chat.chat_tools
-)
+Handler = Callable[[Request], Awaitable[Response]]
 
 
-async def chat_completions(request: Request) -> Response:
+def handler_for(dialect: Dialect) -> Handler:
+    """The handler of ``dialect``'s prompt route: its errors in its own envelope."""
+
+    async def handle(request: Request) -> Response:
+        try:
+            return await serve(dialect, request)
+        except ProxyError as exc:
+            return error_response(request, exc, dialect.envelope)
+
+    return handle
+
+
+async def serve(dialect: Dialect, request: Request) -> Response:
     """read → parse → prepare → forward → relay (docs/architecture.md §1)."""
     svc = services(request)
     raw = await read_body(request, svc.settings.max_body_bytes, svc.settings.body_timeout)
-    chat = parse_chat(raw)
-    svc = svc.for_model(chat.model)  # TRIMPROXY_MODELS_FILE: the model's own upstream
+    conv = dialect.parse(raw)
+    svc = svc.for_model(conv.model)  # TRIMPROXY_MODELS_FILE: the model's own upstream
     facts = request_facts(request)  # for the access line
-    prepared = await prepare_chat(chat, raw, request.headers, svc, facts)
-    headers = svc.upstream.transport.request_headers(request.scope["headers"])
+    # Responses: the chain trimproxy stores, expanded before trimming (§22).
+    linked = await response_chain.link(svc, conv, request.headers) if dialect.stored else None
+    chain = None
+    if linked is not None:
+        conv, raw, chain = linked.conv, linked.raw, linked.session
+    prepared = await prepare(dialect, conv, raw, request.headers, svc, facts, chain=chain)
+    headers = svc.upstream.request_headers(request.scope["headers"])
     headers["content-type"] = JSON_MEDIA_TYPE
     # Watched from here on: a client may leave KV admission's line, and one that stops
     # a stream is the common case (so a stream's watcher starts at once).
     client_gone = watch_disconnect(
-        request.receive, STREAM_WATCH_DELAY if chat.stream else WATCH_DELAY
-    )
-    out = Outgoing("POST", CHAT_PATH, headers, prepared.body)
-    sent = await forward(svc, out, client_gone, facts, prepared)
-    return Relay(sent, client_gone, capture_limit=0 if chat.stream else USAGE_CAPTURE_BYTES)
-
-
-def error_response(request: Request, exc: ProxyError) -> Response:
-    """``exc`` in the envelope of the path's API (OpenAI's; Anthropic's on the Messages
-    paths); the access line is told its code."""
-    request_facts(request).error = exc.code
-    path = request.scope["path"]
-    body = anthropic_errors.error_body(exc) if speaks_anthropic(path) else exc.body()
-    return Response(body, status_code=exc.status, media_type=JSON_MEDIA_TYPE, headers=exc.headers)
-
-
-class ChatRoute:
-    """``POST /v1/chat/completions`` straight to its handler, ahead of the router.
-
-    Pure ASGI, innermost of the proxy's middleware: every request still passes the
-    accounting, the API keys and the in-flight limit, but the one route that carries
-    the traffic skips the layers between there and the handler (Starlette's
-    exception middleware, its router's matching, two exception wrappers around the
-    handler and around every ``send``; docs/architecture.md §1, docs/performance.md §6). It
-    answers a ``ProxyError`` as the app's handler does; anything else propagates to
-    the same server-error handler as before.
-    """
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        # Anything else (another method on this path too: the router answers its 405,
-        # with an Allow header) goes the usual way.
-        if (
-            scope["type"] != "http"
-            or scope["path"] != CHAT_PATH
-            or scope["method"] != "POST"
-            or scope.get("root_path")
-        ):
-            await self.app(scope, receive, send)
-            return
-        request = Request(scope, receive, send)
-        try:
-            response = await chat_completions(request)
-        except ProxyError as exc:
-            response = error_response(request, exc)
-        await response(scope, receive, send)
-
-
-Prepare = Callable[
-    [Conversation, bytes, Mapping[str, str], Services, RequestFacts], Awaitable[Prepared]
-]
-
-
-def _trimmed(w: Wire, chain: Identity | None = None) -> Prepare:
-    """The prepare step of a dialect whose items are trimmed (``prepare_conversation``);
-    ``chain``: the session of the stored chain a Responses request continues."""
-
-    async def prepare(
-        conv: Conversation, raw: bytes, headers: Mapping[str, str], svc: Services,
-        facts: RequestFacts,
-    ) -> Prepared:  # fmt: skip
-        return await prepare_conversation(w, conv, raw, headers, svc, facts, chain=chain)
-
-    return prepare
-
-
-async def _serve(
-    request: Request,
-    prepare: Prepare,
-    parse: Callable[[bytes], Conversation],
-    error_event: Callable[[ProxyError], bytes] = sse_error_event,
-    chained: bool = False,
-) -> Response:
-    svc = services(request)
-    raw = await read_body(request, svc.settings.max_body_bytes, svc.settings.body_timeout)
-    conv = parse(raw)
-    svc = svc.for_model(conv.model)
-    facts = request_facts(request)
-    # Responses: the chain trimproxy stores, expanded before trimming (§22).
-    linked = await response_chain.link(svc, conv, request.headers) if chained else None
-    if linked is not None:
-        conv, raw = linked.conv, linked.raw
-        prepare = _trimmed(RESPONSES, linked.session)
-    prepared = await prepare(conv, raw, request.headers, svc, facts)
-    headers = svc.upstream.transport.request_headers(request.scope["headers"])
-    headers["content-type"] = JSON_MEDIA_TYPE
-    client_gone = watch_disconnect(
         request.receive, STREAM_WATCH_DELAY if conv.stream else WATCH_DELAY
     )
-    # The path in normal form (proxy.paths) and the query as the client sent it (the
-    # anthropic SDK names its beta there).
-    path = request.scope["raw_path"].decode("ascii")
+    # The query as the client sent it (the anthropic SDK names its beta there).
+    path = dialect.upstream or dialect.path
     query = request.scope.get("query_string", b"")
     if query:
         path = f"{path}?{query.decode('latin-1')}"
@@ -166,122 +77,109 @@ async def _serve(
     sent = await forward(svc, out, client_gone, facts, prepared)
     # A JSON answer is kept (up to a bound) to compare its usage with the count.
     capture = 0 if conv.stream else USAGE_CAPTURE_BYTES
-    relay = Relay(sent, client_gone, capture_limit=capture, error_event=error_event)
+    relay = Relay(sent, client_gone, capture_limit=capture, error_event=dialect.stream_error)
     if linked is None:
         return relay
     return response_chain.keeping(svc, request.headers, linked, relay, sent, prepared, facts)
 
 
-def _parse_responses(raw: bytes) -> Conversation:
-    conv = responses.parse(raw)
-    if conv.body.get("background") is True:
-        raise InvalidRequest(
-            "'background': true is not served through this proxy: a background response "
-            "runs unbounded by the prompt budget and session limits. Send it without "
-            "'background' (stream it instead).",
-            param="background",
-        )
-    return conv
-
-
-async def create_response(request: Request) -> Response:
-    """``POST /v1/responses``: trimmed to the budget like chat."""
-    return await _serve(request, _trimmed(RESPONSES), _parse_responses, chained=True)
-
-
-async def create_message(request: Request) -> Response:
-    """``POST /v1/messages``: trimmed to the budget like chat; errors in Anthropic's
-    envelope, an over-long prompt in the wording agent clients act on."""
-    try:
-        return await _serve(request, _trimmed(MESSAGES), messages.parse, _anthropic_event)
-    except ProxyError as exc:
-        request_facts(request).error = exc.code  # for the access line
-        return anthropic_response(exc)
-
-
-def _anthropic_event(exc: ProxyError) -> bytes:
-    return anthropic_errors.stream_error_event(exc.status, exc.message)
-
-
-async def create_completion(request: Request) -> Response:
-    """``POST /v1/completions``: a raw prompt, counted, capped, admitted; refused over
-    the budget (``proxy.pipeline.prepare_completion``)."""
-    return await _serve(request, prepare_completion, completions.parse)
-
-
-async def count_message_tokens(request: Request) -> Response:
-    """``POST /v1/messages/count_tokens``, answered here: the count the Messages route
-    trims by, which is the engine's (``prepare_dialect.input_tokens``)."""
-    try:
-        svc = services(request)
-        raw = await read_body(request, svc.settings.max_body_bytes, svc.settings.body_timeout)
-        conv = messages.parse(raw)
-        if not conv.model:
-            raise InvalidRequest("'model' is required.", param="model")
-        svc = svc.for_model(conv.model)
-        facts = request_facts(request)
-        note_model(svc.settings.max_model_name_length, conv.model, facts, "messages")
-        tokens = await input_tokens(svc, MESSAGES, conv)
-    except ProxyError as exc:
-        request_facts(request).error = exc.code
-        return anthropic_response(exc)
-    # vLLM's answer, context_management included.
-    body = {"input_tokens": tokens, "context_management": {"original_input_tokens": tokens}}
-    return Response(orjson.dumps(body), media_type=JSON_MEDIA_TYPE)
-
-
-def anthropic_response(exc: ProxyError) -> Response:
+def error_response(request: Request, exc: ProxyError, envelope: Envelope) -> Response:
+    """``exc`` in ``envelope``; the access line is told its code."""
+    request_facts(request).error = exc.code
     return Response(
-        anthropic_errors.error_body(exc),
-        status_code=exc.status,
-        media_type=JSON_MEDIA_TYPE,
-        headers=exc.headers,
+        envelope.body(exc), status_code=exc.status, media_type=JSON_MEDIA_TYPE, headers=exc.headers
     )
 
 
-def dialect_routes() -> list[Route]:
-    """The dialects' routes, ahead of the relayed rest of ``/v1/``."""
-    return [
-        APIRoute(
-            RESPONSES_PATH,
-            create_response,
-            methods=["POST"],
-            summary="Responses API, trimmed to the token budget",
-            tags=["openai"],
-        ),
-        APIRoute(
-            MESSAGES_PATH,
-            create_message,
-            methods=["POST"],
-            summary="Anthropic Messages API, trimmed to the token budget",
-            tags=["anthropic"],
-        ),
-        APIRoute(
-            RESPONSES_PATH + "/{response_id}",
-            response_chain.retrieve_response,
-            methods=["GET"],
-            summary="A response this proxy stored (previous_response_id)",
-            tags=["openai"],
-        ),
-        APIRoute(
-            RESPONSES_PATH + "/{response_id}",
-            response_chain.delete_response,
-            methods=["DELETE"],
-            summary="Delete a response this proxy stored",
-            tags=["openai"],
-        ),
-        APIRoute(
-            COUNT_TOKENS_PATH,
-            count_message_tokens,
-            methods=["POST"],
-            summary="Anthropic Messages token count, answered by the proxy",
-            tags=["anthropic"],
-        ),
-        APIRoute(
-            COMPLETIONS_PATH,
-            create_completion,
-            methods=["POST"],
-            summary="Completion of a raw prompt, refused over the token budget",
-            tags=["openai"],
-        ),
-    ]
+class DirectRoute:
+    """``POST`` on one prompt route (chat's) straight to its handler, ahead of the router.
+
+    Pure ASGI, innermost of the proxy's middleware: every request still passes the
+    accounting, the API keys and the in-flight limit, but the route that carries the
+    traffic skips the layers between there and the handler (Starlette's exception
+    middleware, its router's matching, two exception wrappers around the handler and
+    around every ``send``; docs/architecture.md §1, docs/performance.md §6). The
+    handler answers a ``ProxyError`` itself; anything else propagates to the same
+    server-error handler as before.
+    """
+
+    def __init__(self, app: ASGIApp, path: str, handler: Handler) -> None:
+        self.app = app
+        self.path = path
+        self.handler = handler
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # Anything else (another method on this path too: the router answers its 405,
+        # with an Allow header) goes the usual way.
+        if (
+            scope["type"] != "http"
+            or scope["path"] != self.path
+            or scope["method"] != "POST"
+            or scope.get("root_path")
+        ):
+            await self.app(scope, receive, send)
+            return
+        response = await self.handler(Request(scope, receive, send))
+        await response(scope, receive, send)
+
+
+def prompt_routes(dialects: tuple[Dialect, ...]) -> list[BaseRoute]:
+    """Every dialect's prompt route and the routes beside it, ahead of the relayed rest
+    of ``/v1/``."""
+    found: list[BaseRoute] = []
+    for dialect in dialects:
+        found.append(
+            APIRoute(
+                dialect.path,
+                handler_for(dialect),
+                methods=["POST"],
+                summary=dialect.summary,
+                tags=[dialect.tag],
+                responses=dialect.openapi_responses,
+                openapi_extra=dialect.openapi_body,
+            )
+        )
+        if dialect.more_routes is not None:
+            found.extend(dialect.more_routes(dialect))
+    return found
+
+
+def count_tokens_route(path: str) -> Callable[[Dialect], list[BaseRoute]]:
+    """A route on ``path`` that answers the prompt tokens of a request in the dialect,
+    counted as its prompt route trims by (Anthropic's ``count_tokens``)."""
+
+    def routes(dialect: Dialect) -> list[BaseRoute]:
+        async def count(request: Request) -> Response:
+            try:
+                return await count_message_tokens(dialect, request)
+            except ProxyError as exc:
+                return error_response(request, exc, dialect.envelope)
+
+        return [
+            APIRoute(
+                path,
+                count,
+                methods=["POST"],
+                summary="Anthropic Messages token count, answered by the proxy",
+                tags=[dialect.tag],
+            )
+        ]
+
+    return routes
+
+
+async def count_message_tokens(dialect: Dialect, request: Request) -> Response:
+    """``POST /v1/messages/count_tokens``, answered here: the count the Messages route
+    trims by, which is the engine's (``prepare.input_tokens``)."""
+    svc = services(request)
+    raw = await read_body(request, svc.settings.max_body_bytes, svc.settings.body_timeout)
+    conv = dialect.parse(raw)
+    if not conv.model:
+        raise InvalidRequest("'model' is required.", param="model")
+    svc = svc.for_model(conv.model)
+    facts = request_facts(request)
+    note_model(svc.settings.max_model_name_length, conv.model, facts, dialect.name)
+    tokens = await input_tokens(svc, dialect, conv)
+    # vLLM's answer, context_management included.
+    body = {"input_tokens": tokens, "context_management": {"original_input_tokens": tokens}}
+    return Response(orjson.dumps(body), media_type=JSON_MEDIA_TYPE)

@@ -1,53 +1,56 @@
-"""The *prepare* step of the chat route: session, budget, count, trim, and the facts.
+"""The *prepare* step of every prompt route (docs/architecture.md §1, §22): session,
+budget, count, trim, and the facts, once for every dialect.
 
-``prepare`` takes a parsed chat request, the request's headers (its session identity)
-and the services, and decides what goes
+``prepare`` takes a dialect (``proxy.pipeline.dialect``), the request parsed by it, the
+request's headers (its session identity) and the services, and decides what goes
 upstream: the body bytes (the client's own when nothing was dropped), the counted
-tokens, what was dropped and why, and the response headers. It records the
-request's metrics and log facts as it goes, so a request refused half-way (a
-session limit, a prompt that cannot fit) still logs what was known by then. No
-HTTP is spoken here: tests call it directly with an in-memory counter.
+tokens, what was dropped and why, and the response headers. It records the request's
+metrics and log facts as it goes, so a request refused half-way (a session limit, a
+prompt that cannot fit) still logs what was known by then. No HTTP is spoken here:
+tests call it directly with an in-memory counter.
+
+A dialect's items are what trimming keeps or drops (``Conversation.roles`` is the turn
+view it reads); the engine renders them as chat messages (the dialect's chat view), so
+the count is the chat template's over those, and each chat message's tokens go to the
+item it came from. The kept items are rendered back by the dialect, every kept item
+the client's own object. A raw prompt (``/v1/completions``) has no turns: it is
+counted exactly and refused over the budget, never forwarded whole.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-import orjson
-
-from proxy.admission.allowance import Allowance, allowance_for, capped_headers, with_allowance
-from proxy.admission.overrun import CHAT_ANSWER, AnswerShape
-from proxy.chat import ChatRequest, with_messages
+from proxy.admission.allowance import Allowance
 from proxy.choices import Endpoint
 from proxy.dependencies import Services
-from proxy.errors import (
-    ContextLengthExceeded,
-    InvalidRequest,
-    ProxyError,
-    context_length_exceeded,
-    no_room_for_prompt,
-)
-from proxy.floor import floor_over, size_floor
+from proxy.dialects.conversation import Conversation
+from proxy.errors import InvalidRequest, ProxyError, context_length_exceeded
 from proxy.logs import RequestFacts
 from proxy.metrics import OTHER_MODEL, ModelSeries
+from proxy.pipeline.dialect import ChatView, Dialect
+from proxy.pipeline.limits import (
+    completion_allowance,
+    floor_if_surely_too_long,
+    limit_for,
+    written_cap,
+)
+from proxy.pipeline.prove import Recount, prove_fits, trim_to
 from proxy.sessions.gate import SESSION_ID
 from proxy.sessions.identity import Identity, identify
-from proxy.settings import Settings
-from proxy.trimming import TrimPolicy, TrimResult, fits_whole, least_kept, trim
-from proxy.types import Asking, Message, PromptCount, PromptLimit
+from proxy.trimming import TrimResult, fits_whole
+from proxy.types import Message, PromptCount, PromptLimit
 
 #: Response header: the prompt tokens forwarded.
 PROMPT_TOKENS = "x-trimproxy-prompt-tokens"
 #: Response header: how many messages were dropped.
 TRIMMED_MESSAGES = "x-trimproxy-trimmed-messages"
-# Rounds of recount-and-tighten before giving up on a non-additive counter.
-_RECOUNTS = 4
 
 
 # Not frozen: read-only by convention (why: proxy.types, above PromptCount).
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class Prepared:
     """What to send upstream, and what the answer and the log say about it."""
 
@@ -56,24 +59,25 @@ class Prepared:
     received_tokens: int
     forwarded_tokens: int
     dropped: int
-    """Messages dropped by trimming (not those before a session's reset point)."""
+    """Items dropped by trimming (not those before a session's reset point)."""
     trim_reason: str | None
     """``budget``, ``max_turns`` or ``session`` when something was dropped."""
     budget: int | None
     headers: dict[str, str]
     """Response headers for the client: token counts and the session's headers."""
     session_id: str | None
-    reserve: int = 0
-    """Completion tokens each answer may take (``allowance.tokens``)."""
-    allowance: Allowance | None = None
+    allowance: Allowance
     """The completion allowance: per answer, ``n``, and where it came from."""
-    series: ModelSeries | None = None
+    series: ModelSeries
     """The request's per-model metric series (the relay observes the estimate error)."""
+    dialect: Dialect
+    """The wire format it came in by: its continuation form, its answer's shape, its
+    usage reader."""
+    request: Conversation
+    """The parsed request it was prepared from (the forward step reads its flags)."""
     session_key: str | None = None
     """The session's identity (``identify``, worked out once a request) when session
     limits or session routing need it; None otherwise."""
-    request: ChatRequest | None = None
-    """The parsed request it was prepared from (the forward step reads its stream flags)."""
     counted_in: float = 0.0
     """Seconds the count and the recounts took (the engine's ``/tokenize``, where it counts):
     the forward's wait for the answer gets what is left of the read timeout."""
@@ -81,16 +85,29 @@ class Prepared:
     @property
     def endpoint(self) -> Endpoint:
         """The API the prompt came in by (its series' ``endpoint`` label)."""
-        return "chat" if self.series is None else self.series.endpoint
+        return self.dialect.name
 
-    stream: bool = False
-    """The answer is streamed."""
-    shape: AnswerShape = CHAT_ANSWER
-    """How the answer shows its completion tokens (``proxy.admission.overrun``)."""
+    @property
+    def reserve(self) -> int:
+        """Completion tokens each answer may take (``allowance.tokens``)."""
+        return self.allowance.tokens
+
+    @property
+    def stream(self) -> bool:
+        """The answer is streamed."""
+        return self.request.stream
+
+
+@dataclass(frozen=True, slots=True)
+class Kept:
+    """What the trim step kept of a prompt, and the seconds its proof took."""
+
+    result: TrimResult
+    proved_in: float = 0.0
 
 
 async def model_series(
-    svc: Services, model: str | None, endpoint: Endpoint = "chat"
+    svc: Services, model: str | None, endpoint: Endpoint, route: str
 ) -> ModelSeries:
     """The metric series of ``model`` on ``endpoint``: a name from the models file or one
     the upstream lists (``/v1/models``, cached) is its own label, any other is ``other``."""
@@ -103,175 +120,221 @@ async def model_series(
                 if served.id == model:
                     label = model
                     break
-    return svc.metrics.for_model(label, endpoint)
+    return svc.metrics.for_model(label, endpoint, route)
 
 
-def completion_allowance(svc: Services, chat: Asking) -> Allowance:
-    """Each answer's share of the window and of the KV reservation: the request's
-    ``max_tokens`` (lowered to TRIMPROXY_MAX_COMPLETION_TOKENS), else the cap, else
-    TRIMPROXY_DEFAULT_COMPLETION_RESERVE (``proxy.admission.allowance``)."""
+async def prepare(
+    dialect: Dialect,
+    conv: Conversation,
+    raw: bytes,
+    headers: Mapping[str, str],
+    svc: Services,
+    facts: RequestFacts,
+    *,
+    chain: Identity | None = None,
+) -> Prepared:
+    """Session, budget, count, trim: what to forward for ``conv`` (read from ``raw`` by
+    ``dialect``). ``headers``: the request's, case-insensitive (its session identity);
+    ``facts``: its access-log record, filled in as the facts become known; ``chain``:
+    the session of the stored chain a Responses request continues
+    (``proxy.pipeline.chain``)."""
     settings = svc.settings
-    return allowance_for(chat, settings.max_completion_tokens, settings.default_completion_reserve)
+    endpoint = dialect.name
+    note_model(settings.max_model_name_length, conv.model, facts, endpoint)
+    # A literal: calling dict[str, str] raises and catches (docs/performance.md §6).
+    out: dict[str, str] = {}
+    session = await _session(dialect, conv, headers, svc, facts, out, chain)
+    allowance = completion_allowance(svc, conv)
+    cap = written_cap(allowance, out)
+    limit = await limit_for(svc, conv, allowance)
+    budget = None if limit is None else limit.budget
+    began = time.monotonic()
+    count = await _count(dialect, conv, raw, svc, limit)
+    counted_in = time.monotonic() - began
+    metrics = await model_series(svc, conv.model, endpoint, dialect.path)
+    metrics.prompt_received.observe(count.total)
+    facts.prompt_tokens_received = count.total
+    kept = await _keep(dialect, conv, count, limit, session.history_start, svc)
+    if dialect.count_prompts is not None:  # each prompt is a request of its own
+        allowance = replace(allowance, n=allowance.n * len(count.per_message))
+    result = kept.result
+    dropped = result.dropped(len(conv.items))
+    reason = (result.reason or "budget") if dropped else None
+    if dropped:
+        metrics.trimmed(dropped, max(0, count.total - result.tokens), reason or "budget")
+    as_sent = not dropped and cap is None and dialect.forwards_raw
+    body = raw if as_sent else dialect.render(conv, result.kept, cap)
+    note_forwarded(metrics, facts, out, result.tokens, dropped)
+    return Prepared(
+        body=body,
+        received_tokens=count.total,
+        forwarded_tokens=result.tokens,
+        dropped=dropped,
+        trim_reason=reason,
+        budget=budget,
+        headers=out,
+        session_id=facts.session_id,
+        allowance=allowance,
+        series=metrics,
+        dialect=dialect,
+        request=conv,
+        session_key=session.key,
+        counted_in=counted_in + kept.proved_in,
+    )
 
 
-def completion_reserve(svc: Services, chat: ChatRequest) -> int:
-    """The answer's share of the window (``completion_allowance``)."""
-    return completion_allowance(svc, chat).tokens
+@dataclass(frozen=True, slots=True)
+class Session:
+    """The request's session: its key (None when nothing needs it), and where the
+    history the session keeps starts."""
+
+    key: str | None = None
+    history_start: int = 0
 
 
-def untrimmed(raw: bytes, chat: ChatRequest, upstream: ChatRequest) -> bytes:
-    """The body of a request nothing was dropped from: the client's bytes, unless the
-    cap rewrote ``upstream``'s max_tokens."""
-    return raw if upstream is chat else orjson.dumps(upstream.body)
+_NO_SESSION = Session()
 
 
-def written_cap(allowance: Allowance, headers: dict[str, str]) -> int | None:
-    """The completion tokens to write into a dialect's body when the cap lowered or
-    filled them in (its header goes in ``headers``); None when the client's stand."""
-    if allowance.source != "cap":
-        return None
-    headers.update(capped_headers(allowance))
-    return allowance.tokens
+async def _session(
+    dialect: Dialect,
+    conv: Conversation,
+    headers: Mapping[str, str],
+    svc: Services,
+    facts: RequestFacts,
+    out: dict[str, str],
+    chain: Identity | None,
+) -> Session:
+    """The session identity, once a request, and the session limits (their headers go in
+    ``out``); ``chain``: the session of a stored chain, which the request continues."""
+    if not svc.needs_session_key():
+        return _NO_SESSION
+    ident = session_identity(dialect, conv, headers, svc)
+    if ident is None:
+        return _NO_SESSION
+    if chain is not None:
+        ident = chain
+    if svc.sessions is None or dialect.count_prompts is not None:
+        return Session(ident.key)
+    view = conv.items if dialect.items_are_messages else session_view(conv)
+    start = await session_step(svc, ident, view, facts, out, dialect.name)
+    return Session(ident.key, start)
 
 
-def apply_allowance(
-    svc: Services, chat: ChatRequest, headers: dict[str, str]
-) -> tuple[ChatRequest, Allowance]:
-    """The request to forward under the cap (its body rewritten when the cap lowered or
-    filled in its max_tokens) and its allowance; the capped header goes in ``headers``."""
-    allowance = completion_allowance(svc, chat)
-    if allowance.source == "cap":
-        headers.update(capped_headers(allowance))
-        return with_allowance(chat, allowance), allowance
-    return chat, allowance
-
-
-async def context_window(svc: Services, chat: Asking) -> int | None:
-    """The model's context length: the setting, else what the upstream reports."""
-    window = svc.settings.context_window
-    if window is None and chat.model is not None:
-        window = await svc.windows.get(chat.model)
-    return window
-
-
-def budget_of(window: int | None, reserve: int, max_prompt_tokens: int | None) -> int | None:
-    """``min(max_prompt_tokens, window - reserve - 1)``; None when unbounded, and below
-    1 when the reserve leaves the prompt no room.
-
-    The one token of slack is FastChat's: its worker keeps only
-    ``context - max_new_tokens - 1`` prompt tokens and silently drops the first one
-    of a prompt that fills the rest exactly. vLLM loses nothing by it.
-    """
-    if window is None:
-        return max_prompt_tokens
-    room = window - reserve - 1
-    return room if max_prompt_tokens is None else min(max_prompt_tokens, room)
-
-
-async def limit_for(
-    svc: Services, chat: Asking, allowance: Allowance | None = None
-) -> PromptLimit | None:
-    """The request's prompt budget and where it comes from; None when unbounded.
-    Refuses a completion reserve that leaves the prompt no room. ``allowance``: the
-    request's, when the caller has it already (it is worked out once a request)."""
-    window = await context_window(svc, chat)
-    if allowance is None:
-        allowance = completion_allowance(svc, chat)
-    reserve = allowance.tokens
-    setting = svc.settings.max_prompt_tokens or None
-    budget = budget_of(window, reserve, setting)
-    if budget is None:
-        return None
-    named = allowance.setting  # a property: read once, it runs on every request
-    if budget < 1 and window is not None:  # the setting is at least 1: the reserve's doing
-        raise no_room_for_prompt(window, reserve, named)
-    return PromptLimit(budget, window, reserve, named is None, setting, named or "max_tokens")
-
-
-#: The count of the kept messages (or items) of a request, as the engine renders them.
-Recount = Callable[[Sequence[int]], Awaitable[int]]
-
-
-async def prove_fits(
-    messages: Sequence[Message],
-    recount: Recount,
+async def _keep(
+    dialect: Dialect,
+    conv: Conversation,
     count: PromptCount,
-    policy: TrimPolicy,
+    limit: PromptLimit | None,
     history_start: int,
-    result: TrimResult,
-) -> tuple[TrimResult, int]:
-    """Prove that ``result`` (``trim`` of ``messages`` under ``policy``) fits: returns
-    the result to forward and its count.
-
-    A counter whose per-message split is not additive for every subset (the chat
-    template renders a message differently by position) gets the kept list recounted;
-    when that is over the budget, the budget is tightened by the excess and trimmed
-    again, so the budget is a guarantee, not an estimate. When that does not settle
-    (or the tightened budget is below even the least the request keeps), the least
-    itself, the system block and the last turn, is recounted: forwarded when it fits,
-    else the refusal names its real count. An additive counter's sums are the count
-    itself: the chat route awaits this only for the others.
-    """
-    if len(result.kept) == len(messages) or policy.budget is None:
-        return result, result.tokens
-    budget = policy.budget
-    tightened = policy
-    for _ in range(_RECOUNTS):
-        actual = await recount(result.kept)
-        if actual <= budget:
-            return result, actual
-        excess = actual - result.tokens
-        tightened = replace(tightened, budget=(tightened.budget or budget) - excess)
-        try:
-            result = trim(messages, count, tightened, history_start=history_start)
-        except ContextLengthExceeded:
-            break
-    least = least_kept(messages)
-    actual = await recount(least)
-    if actual <= budget:
-        return TrimResult(least, actual, "budget"), actual
-    raise context_length_exceeded(actual, policy.limit or PromptLimit(budget))
+    svc: Services,
+) -> Kept:
+    """What is kept: everything when it fits whole, else the trim; a raw prompt whole
+    or refused."""
+    if dialect.count_prompts is not None:
+        return Kept(_refused_over(count, limit))
+    budget = None if limit is None else limit.budget
+    if fits_whole(count.total, budget, svc.settings.max_history_turns, history_start):
+        return Kept(TrimResult(tuple(range(len(conv.items))), count.total, None))
+    return await _trim(dialect, conv, count, limit, history_start, svc)
 
 
-def chat_recount(svc: Services, chat: ChatRequest) -> Recount:
+async def _count(
+    dialect: Dialect, conv: Conversation, raw: bytes, svc: Services, limit: PromptLimit | None
+) -> PromptCount:
+    """Every item's tokens as the engine renders them, after the cheap floor."""
+    if dialect.count_prompts is not None:
+        return await dialect.count_prompts(svc, conv, limit)
+    view = dialect.chat_view(conv)
+    if limit is not None:
+        floor = floor_if_surely_too_long(svc, view.messages, limit.budget, raw)
+        if floor:
+            raise context_length_exceeded(floor, limit, at_least=True)
+    return await _per_item(svc, dialect, conv, view)
+
+
+async def _per_item(
+    svc: Services, dialect: Dialect, conv: Conversation, view: ChatView
+) -> PromptCount:
+    """The count of every item: each chat message's tokens go to the item it came from."""
+    tools = dialect.tools(conv, range(len(conv.items)))
+    counted = await svc.counter.count(view.messages, tools=tools, model=conv.model)
+    if view.owner is None:
+        return counted
+    per = [0] * len(conv.items)
+    for j, tokens in enumerate(counted.per_message):
+        per[view.owner[j]] += tokens
+    return PromptCount(tuple(per), counted.overhead)
+
+
+def _refused_over(count: PromptCount, limit: PromptLimit | None) -> TrimResult:
+    """A raw prompt is kept whole or refused: each prompt within the budget (vLLM runs
+    each prompt of a list as a request of its own)."""
+    if limit is not None and count.per_message and max(count.per_message) > limit.budget:
+        raise context_length_exceeded(max(count.per_message), limit, raw_prompt=True)
+    return TrimResult((), count.total, None)
+
+
+async def _trim(
+    dialect: Dialect,
+    conv: Conversation,
+    count: PromptCount,
+    limit: PromptLimit | None,
+    history_start: int,
+    svc: Services,
+) -> Kept:
+    """What is kept of a prompt that does not fit whole; a counter that is not additive
+    proves the kept items fit (``prove_fits``)."""
+    policy, result = trim_to(svc.settings, conv.roles, count, limit, history_start)
+    if svc.counter.additive:
+        return Kept(result)
+    began = time.monotonic()
+    result = await prove_fits(
+        conv.roles, _recount(svc, dialect, conv), count, policy, history_start, result
+    )
+    return Kept(result, time.monotonic() - began)
+
+
+def _recount(svc: Services, dialect: Dialect, conv: Conversation) -> Recount:
+    """The count of kept items as the engine renders them (the dialect's chat view)."""
+
     async def recount(kept: Sequence[int]) -> int:
-        messages = [chat.messages[i] for i in kept]
-        return (await svc.counter.count(messages, tools=chat.tools, model=chat.model)).total
+        messages, _ = dialect.to_chat(conv, kept)
+        tools = dialect.tools(conv, kept)
+        return (await svc.counter.count(messages, tools=tools, model=conv.model)).total
 
     return recount
 
 
-def floor_if_surely_too_long(
-    svc: Services, messages: Sequence[Message], budget: int | None, raw: bytes
-) -> int | None:
-    """The cheap floor (``proxy.floor``) when it is over the budget, before counting."""
-    if budget is None:
-        return None
-    body_bytes = len(raw)
-    longest = svc.counter.max_token_chars
-    # The floor counts characters of the body's text, never more than its bytes: a
-    # body that small cannot be over, and most are, so they skip the scan.
-    if longest is None or size_floor(body_bytes, longest) <= budget:
-        return None
-    return floor_over(messages, longest, budget)
+async def input_tokens(svc: Services, dialect: Dialect, conv: Conversation) -> int:
+    """The whole request's prompt tokens, as the engine renders it: what vLLM's
+    ``/v1/messages/count_tokens`` answers (its chat conversion and template, tools
+    included), from the counter's per-message caches."""
+    view = dialect.chat_view(conv)
+    tools = dialect.tools(conv, range(len(conv.items)))
+    return (await svc.counter.count(view.messages, tools=tools, model=conv.model)).total
+
+
+def session_view(conv: Conversation) -> list[Message]:
+    """The items as the session step hashes them: each one's turn role and the item."""
+    roles, items = conv.roles, conv.items
+    return [{"role": r["role"], "content": item} for r, item in zip(roles, items, strict=True)]
 
 
 def session_identity(
-    svc: Services,
-    headers: Mapping[str, str],
-    user: str | None,
-    messages: Sequence[Message],
-    also: Sequence[str] = (),
+    dialect: Dialect, conv: Conversation, headers: Mapping[str, str], svc: Services
 ) -> Identity | None:
-    """The request's session identity, when session limits or session routing over
-    several engines need it (one hash a request); else None. ``also``: header names
-    read after ``TRIMPROXY_SESSION_HEADER`` (``identify``)."""
+    """The request's session identity (one hash a request). A raw prompt has no
+    conversation to fingerprint and no turns for the session limits: it is routed by a
+    session the client names (the session header or ``user``), or not at all."""
     settings = svc.settings
-    if svc.sessions is None and (
-        settings.routing != "session" or len(svc.upstream.engines.live()) < 2
-    ):
-        return None
-    return identify(headers, settings.session_header, user, messages, also)
+    if dialect.count_prompts is not None:
+        if not svc.routes_by_session():
+            return None
+        if not (headers.get(settings.session_header) or conv.user):
+            return None
+        return identify(headers, settings.session_header, conv.user, [])
+    view = conv.items if dialect.items_are_messages else session_view(conv)
+    return identify(headers, settings.session_header, conv.user, view, dialect.agent_headers)
 
 
 async def session_step(
@@ -310,25 +373,6 @@ def note_model(
     facts.model = model
 
 
-def trim_to(
-    settings: Settings,
-    messages: Sequence[Message],
-    count: PromptCount,
-    limit: PromptLimit | None,
-    history_start: int,
-) -> tuple[TrimPolicy, TrimResult]:
-    """What to keep of a prompt over its budget or turn limit, under the settings'
-    policy; a counter that is not additive proves it next (``prove_fits``)."""
-    policy = TrimPolicy(
-        budget=None if limit is None else limit.budget,
-        target=settings.trim_target,
-        max_history_turns=settings.max_history_turns,
-        pin_first_user=settings.pin_first_user,
-        limit=limit,
-    )
-    return policy, trim(messages, count, policy, history_start=history_start)
-
-
 def note_forwarded(
     metrics: ModelSeries, facts: RequestFacts, out: dict[str, str], forwarded: int, dropped: int
 ) -> None:
@@ -337,94 +381,3 @@ def note_forwarded(
     facts.prompt_tokens_forwarded, facts.messages_dropped = forwarded, dropped
     out[PROMPT_TOKENS] = str(forwarded)
     out[TRIMMED_MESSAGES] = str(dropped)
-
-
-async def prepare(
-    chat: ChatRequest,
-    raw: bytes,
-    headers: Mapping[str, str],
-    svc: Services,
-    facts: RequestFacts,
-) -> Prepared:
-    """Session, budget, count, trim: what to forward for ``chat`` (read from ``raw``).
-    ``headers``: the request's, case-insensitive (its session identity); ``facts``: its
-    access-log record, filled in as the facts become known."""
-    settings = svc.settings
-    note_model(settings.max_model_name_length, chat.model, facts)
-    history_start = 0
-    # A literal: calling dict[str, str] raises and catches (docs/performance.md §6).
-    out: dict[str, str] = {}
-    # A lone engine is never routed: no identity to work out for routing alone
-    # (docs/performance.md §6).
-    wanted = svc.sessions is not None or (
-        settings.routing == "session" and svc.upstream.lone is None
-    )
-    ident = session_identity(svc, headers, chat.user, chat.messages) if wanted else None
-    if ident is not None and svc.sessions is not None:
-        history_start = await session_step(svc, ident, chat.messages, facts, out)
-    upstream, allowance = apply_allowance(svc, chat, out)
-    limit = await limit_for(svc, chat, allowance)
-    budget = None if limit is None else limit.budget
-    if limit is not None and (floor := floor_if_surely_too_long(svc, chat.messages, budget, raw)):
-        raise context_length_exceeded(floor, limit, at_least=True)
-    began = time.monotonic()
-    count = await svc.counter.count(chat.messages, tools=chat.tools, model=chat.model)
-    counted_in = time.monotonic() - began
-    metrics = await model_series(svc, chat.model)
-    metrics.prompt_received.observe(count.total)
-    facts.prompt_tokens_received = count.total
-    if fits_whole(count.total, budget, settings.max_history_turns, history_start):
-        forwarded, dropped, body, reason = count.total, 0, untrimmed(raw, chat, upstream), None
-    else:
-        trimmed = await _trimmed(svc, chat, raw, upstream, count, limit, history_start, metrics)
-        forwarded, dropped, body, reason, proved_in = trimmed
-        counted_in += proved_in
-    note_forwarded(metrics, facts, out, forwarded, dropped)
-    return Prepared(
-        body=body,
-        received_tokens=count.total,
-        forwarded_tokens=forwarded,
-        dropped=dropped,
-        trim_reason=reason,
-        budget=budget,
-        headers=out,
-        session_id=facts.session_id,
-        reserve=allowance.tokens,
-        allowance=allowance,
-        series=metrics,
-        session_key=ident.key if ident is not None else None,
-        request=chat,
-        counted_in=counted_in,
-        stream=chat.stream,
-    )
-
-
-async def _trimmed(
-    svc: Services,
-    chat: ChatRequest,
-    raw: bytes,
-    upstream: ChatRequest,
-    count: PromptCount,
-    limit: PromptLimit | None,
-    history_start: int,
-    metrics: ModelSeries,
-) -> tuple[int, int, bytes, str | None, float]:
-    """``prepare``'s prompt that does not fit whole: what is forwarded and dropped, the
-    body, the reason, and the seconds a recount took (a counter that is not additive
-    proves the kept messages fit)."""
-    policy, result = trim_to(svc.settings, chat.messages, count, limit, history_start)
-    forwarded, proved_in = result.tokens, 0.0
-    if not svc.counter.additive:
-        recount = chat_recount(svc, chat)
-        began = time.monotonic()
-        result, forwarded = await prove_fits(
-            chat.messages, recount, count, policy, history_start, result
-        )
-        proved_in = time.monotonic() - began
-    dropped = result.dropped(len(chat.messages))
-    if not dropped:
-        return forwarded, 0, untrimmed(raw, chat, upstream), None, proved_in
-    reason = result.reason or "budget"
-    body = with_messages(upstream, [chat.messages[i] for i in result.kept])
-    metrics.trimmed(dropped, max(0, count.total - forwarded), reason)
-    return forwarded, dropped, body, reason, proved_in

@@ -9,9 +9,8 @@ read in a log file says what the screen said.
 from __future__ import annotations
 
 import math
-from typing import get_args
 
-from proxy.choices import Endpoint
+from proxy.metrics import ENDPOINTS
 from proxy.top.snapshot import EndpointRow, EngineRow, Histogram, Window
 
 _COLUMNS = ("engine", "up", "kv use", "reserved/capacity", "run", "wait", "hit ratio", "preempt",
@@ -21,7 +20,7 @@ _WIDTHS = (24, 4, 7, 19, 5, 5, 10, 8, 9)
 _ENDPOINT_COLUMNS = ("endpoint", "prompts", "received p50", "max", "forwarded p50", "max",
                      "trims", "resets", "rejected")  # fmt: skip
 _ENDPOINT_WIDTHS = (12, 9, 13, 8, 14, 8, 7, 8, 8)
-_ORDER = get_args(Endpoint)
+_ORDER = ENDPOINTS
 
 
 def lines(view: Window, url: str) -> list[str]:

@@ -82,6 +82,10 @@ class Upstream:
         self.router = Router(settings.routing, settings.routing_load_factor, holdings)
         self.health_interval = settings.health_interval
         self.transport = Transport(settings, on_error=on_error, lone=self.lone, on_retry=on_retry)
+        #: The headers to send upstream for a client's request (``Transport.request_headers``:
+        #: the client's, less the hop-by-hop ones and the proxy's key). The transport's own
+        #: bound method: the client merges its headers with no call of its own a request.
+        self.request_headers = self.transport.request_headers
         self._said: set[tuple[str, str]] = set()
         self._models_ttl = settings.models_refresh
         self._models_retry = settings.models_retry

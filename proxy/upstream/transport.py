@@ -38,7 +38,6 @@ from proxy.errors import (
     upstream_failure,
 )
 from proxy.hop import HOP_BY_HOP, CancelOnDisconnect
-from proxy.metrics import KNOWN_ROUTES
 from proxy.settings import Settings
 from proxy.types import JSON_MEDIA_TYPE
 from proxy.upstream.calls import UpstreamCallFailed, connection_failed, invalid_head
@@ -316,11 +315,17 @@ class Transport:
         await self._resend.aclose()
 
 
+#: The URLs an engine keeps built: every route the proxy serves (its own and the dialect
+#: table's) fits, and a client's stream of made-up paths cannot grow it.
+_CACHED_URLS = 32
+
+
 def _url(engine: Engine, path: str) -> URL:
-    """``path`` on ``engine``, kept for the routes that carry the traffic."""
+    """``path`` on ``engine``, kept (a bounded number, without a query string) for the
+    routes that carry the traffic."""
     # encoded=True: the path is in normal form already (proxy.paths) and goes out
     # byte for byte; yarl would otherwise resolve dot segments and re-quote.
     url = URL(engine.url + path, encoded=True)
-    if path in KNOWN_ROUTES:
+    if len(engine.urls) < _CACHED_URLS and "?" not in path:
         engine.urls[path] = url
     return url

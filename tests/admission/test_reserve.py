@@ -10,12 +10,12 @@ from proxy.admission.allowance import (
     CAPPED_HEADER,
     allowance_for,
     capped_headers,
-    with_allowance,
 )
 from proxy.admission.overrun import GROWTH_STEP, completion_tokens
-from proxy.chat import ChatRequest, parse_chat
+from proxy.dialects.chat import ChatRequest, parse_chat, render
 from proxy.errors import Overloaded
 from proxy.metrics import Metrics
+from proxy.types import JSONObject
 
 
 def chat(**fields: object) -> ChatRequest:
@@ -55,14 +55,23 @@ def test_allowance(
     assert (CAPPED_HEADER in capped_headers(allowance)) is capped
 
 
+def _capped(request: ChatRequest, cap: int) -> JSONObject | None:
+    """The body the chat dialect forwards under ``cap``; None: the client's bytes."""
+    allowance = allowance_for(request, cap, 512)
+    if allowance.source != "cap":
+        return None
+    everything = range(len(request.items))
+    body: JSONObject = orjson.loads(render(request, everything, allowance.tokens))
+    return body
+
+
 def test_the_cap_is_written_where_the_engine_reads_it() -> None:
-    filled = with_allowance(r := chat(), allowance_for(r, 300, 512))
-    assert filled.body["max_tokens"] == 300
-    newer = chat(max_completion_tokens=900, max_tokens=100)
-    lowered = with_allowance(newer, allowance_for(newer, 300, 512))
-    assert (lowered.body["max_completion_tokens"], lowered.body["max_tokens"]) == (300, 100)
-    within = chat(max_tokens=100)
-    assert with_allowance(within, allowance_for(within, 300, 512)) is within
+    filled = _capped(chat(), 300)
+    assert filled is not None and filled["max_tokens"] == 300
+    lowered = _capped(chat(max_completion_tokens=900, max_tokens=100), 300)
+    assert lowered is not None
+    assert (lowered["max_completion_tokens"], lowered["max_tokens"]) == (300, 100)
+    assert _capped(chat(max_tokens=100), 300) is None
 
 
 def gate(metrics: Metrics, tokens: int = 10_000) -> KvAdmission:

@@ -10,6 +10,7 @@ import pytest
 from proxy.dialects import anthropic_errors, completions
 from proxy.dialects.conversation import Conversation
 from proxy.errors import InvalidRequest
+from proxy.tokens.usage import prompt_tokens, upstream_prompt_tokens
 
 
 def _parse(body: dict[str, Any]) -> Conversation:
@@ -63,7 +64,7 @@ def test_fields_and_render() -> None:
     assert orjson.loads(completions.render(conv, [], None)) == body
     assert orjson.loads(completions.render(conv, [], 5)) == {**body, "max_tokens": 5}
     scored = _parse({"prompt": "p", "echo": True, "max_tokens": 0})
-    assert completions.echoes(scored) and scored.max_tokens == 1
+    assert scored.body["echo"] is True and scored.max_tokens == 1
     assert completions.special_tokens(conv)
     assert not completions.special_tokens(_parse({"prompt": "p", "add_special_tokens": False}))
     assert completions.truncation({"truncate_prompt_tokens": 7}) == 7
@@ -72,10 +73,8 @@ def test_fields_and_render() -> None:
 
 def test_usage() -> None:
     answer = {"usage": {"prompt_tokens": 4, "completion_tokens": 16, "total_tokens": 20}}
-    assert completions.usage_of(orjson.dumps(answer)) == (4, 16)
-    assert completions.stream_usage(orjson.dumps(answer | {"choices": []})) == (4, 16)
-    assert completions.stream_usage(b'{"choices": [{"text": "x"}]}') is None
-    assert completions.stream_usage(b'{"usage": null}') is None
+    assert upstream_prompt_tokens(orjson.dumps(answer), prompt_tokens) == 4
+    assert upstream_prompt_tokens(b'{"usage": null}', prompt_tokens) is None
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ import pytest
 from proxy.dialects import messages
 from proxy.dialects.conversation import Conversation
 from proxy.errors import InvalidRequest
+from proxy.tokens.usage import anthropic_input_tokens, upstream_prompt_tokens
 from tests.dialects.samples import MESSAGES
 
 
@@ -184,14 +185,7 @@ def test_render_keeps_messages_byte_identical() -> None:
 
 
 def test_usage() -> None:
+    # Anthropic's input_tokens leave out what the prompt cache read: the prompt is the sum.
     answer = {"usage": {"input_tokens": 5, "cache_read_input_tokens": 100, "output_tokens": 7}}
-    assert messages.usage_of(orjson.dumps(answer)) == (105, 7)
-    assert messages.usage_of(b"{}") == (None, None)
-    start = {"type": "message_start", "message": {"usage": {"input_tokens": 9, "output_tokens": 1}}}
-    assert messages.stream_usage(orjson.dumps(start)) == (9, None)
-    delta = {"type": "message_delta", "delta": {}, "usage": {"output_tokens": 30}}
-    assert messages.stream_usage(orjson.dumps(delta)) == (None, 30)
-    full = {"type": "message_delta", "usage": {"input_tokens": 9, "output_tokens": 30}}
-    assert messages.stream_usage(orjson.dumps(full)) == (9, 30)
-    ping = {"type": "ping"}
-    assert messages.stream_usage(orjson.dumps(ping)) is None
+    assert upstream_prompt_tokens(orjson.dumps(answer), anthropic_input_tokens) == 105
+    assert upstream_prompt_tokens(b"{}", anthropic_input_tokens) is None

@@ -10,6 +10,7 @@ import pytest
 from proxy.dialects import responses
 from proxy.dialects.conversation import Conversation
 from proxy.errors import InvalidRequest
+from proxy.tokens.usage import input_tokens, upstream_prompt_tokens
 from tests.dialects.samples import RESPONSES
 
 
@@ -197,22 +198,6 @@ def test_with_input_rebuilds_the_view() -> None:
 
 def test_usage() -> None:
     answer = {"id": "r", "usage": {"input_tokens": 12, "output_tokens": 3, "total_tokens": 15}}
-    assert responses.usage_of(orjson.dumps(answer)) == (12, 3)
-    assert responses.usage_of(b"not json") == (None, None)
-    assert responses.usage_of(b'{"usage": {"input_tokens": -1}}') == (None, None)
-    done = {"type": "response.completed", "response": answer}
-    assert responses.stream_usage(orjson.dumps(done)) == (12, 3)
-    cut = {"type": "response.incomplete", "response": answer}
-    assert responses.stream_usage(orjson.dumps(cut)) == (12, 3)
-    delta = {"type": "response.output_text.delta", "delta": "x"}
-    assert responses.stream_usage(orjson.dumps(delta)) is None
-    assert responses.stream_usage(b"[DONE]") is None
-
-
-def test_continues_final_for_a_partial_last_item() -> None:
-    partial = {"type": "message", "role": "assistant", "content": "Once", "status": "incomplete"}
-    conv = _parse({"instructions": "s", "input": [{"role": "user", "content": "go"}, partial]})
-    assert responses.continues_final(conv, [0, 1, 2])
-    assert not responses.continues_final(conv, [0, 1])
-    assert not responses.continues_final(conv, [0])
-    assert not responses.continues_final(_parse({"input": "x"}), [0])
+    assert upstream_prompt_tokens(orjson.dumps(answer), input_tokens) == 12
+    assert upstream_prompt_tokens(b"not json", input_tokens) is None
+    assert upstream_prompt_tokens(b'{"usage": {"input_tokens": "1"}}', input_tokens) is None

@@ -23,6 +23,7 @@ from proxy.logs import (
     session_hash,
 )
 from proxy.metrics import Metrics, clear_multiprocess_dir, route_label
+from proxy.pipeline.table import Table, builtin_dialects
 
 
 def test_valid_client_request_id_is_kept_without_touching_headers() -> None:
@@ -92,8 +93,8 @@ def test_request_facts_without_middleware_is_detached() -> None:
 def test_render_leaves_out_created_series() -> None:
     metrics = Metrics()
     metrics.requests.labels("/v1/models", "200").inc()
-    metrics.for_model("other").prompt_received.observe(100)
-    metrics.for_model("other").estimate_error.observe(-3)
+    metrics.for_model("other", "chat", "/v1/chat/completions").prompt_received.observe(100)
+    metrics.for_model("other", "chat", "/v1/chat/completions").estimate_error.observe(-3)
     text = metrics.render().decode()
     assert "_created" not in text
     assert 'trimproxy_requests_total{code="200",route="/v1/models"} 1.0' in text
@@ -109,9 +110,11 @@ def test_render_leaves_out_created_series() -> None:
 
 
 def test_route_label_is_bounded() -> None:
-    assert route_label("/v1/chat/completions") == "/v1/chat/completions"
-    assert route_label("/v1/chat/completions/x") == "other"
-    assert route_label("/etc/passwd") == "other"
+    known = Table(builtin_dialects()).route_labels
+    assert route_label("/v1/chat/completions", known) == "/v1/chat/completions"
+    assert route_label("/v1/chat/completions/x", known) == "other"
+    assert route_label("/etc/passwd", known) == "other"
+    assert route_label("/v1/chat/completions") == "other"  # not one of the proxy's own
 
 
 def test_clear_multiprocess_dir_removes_only_metric_files(tmp_path: Path) -> None:

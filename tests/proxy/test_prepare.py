@@ -14,12 +14,14 @@ import orjson
 import pytest
 from starlette.datastructures import Headers
 
-from proxy.chat import ChatRequest, parse_chat
 from proxy.dependencies import Services
+from proxy.dialects.chat import ChatRequest, parse_chat
 from proxy.errors import ContextLengthExceeded, SessionTurnLimit
 from proxy.logs import RequestFacts
 from proxy.metrics import Metrics
-from proxy.pipeline.prepare import PROMPT_TOKENS, TRIMMED_MESSAGES, Prepared, limit_for, prepare
+from proxy.pipeline.limits import limit_for
+from proxy.pipeline.prepare import PROMPT_TOKENS, TRIMMED_MESSAGES, Prepared, prepare
+from proxy.pipeline.table import builtin_dialects
 from proxy.sessions.gate import build_sessions
 from proxy.tokens import ApproxCounter
 from proxy.tokens.counter import TokenCounter
@@ -28,6 +30,7 @@ from proxy.upstream import ContextWindows, Upstream
 from tests.support.inprocess import make_settings
 
 PER_MESSAGE = 10
+CHAT = next(d for d in builtin_dialects() if d.name == "chat")
 
 
 class TenEach:
@@ -114,7 +117,7 @@ async def run(
 ) -> tuple[Prepared, RequestFacts, bytes]:
     raw = orjson.dumps({"model": "m", "messages": messages, **body})
     facts = RequestFacts("rid")
-    prepared = await prepare(parse_chat(raw), raw, request_headers(headers), svc, facts)
+    prepared = await prepare(CHAT, parse_chat(raw), raw, request_headers(headers), svc, facts)
     return prepared, facts, raw
 
 
@@ -204,7 +207,7 @@ async def test_what_cannot_fit_is_refused_and_the_facts_say_so(upstream: Upstrea
     facts = RequestFacts("rid")
     raw = orjson.dumps({"model": "m", "messages": conversation(3)})
     with pytest.raises(ContextLengthExceeded):
-        await prepare(parse_chat(raw), raw, request_headers(), svc, facts)
+        await prepare(CHAT, parse_chat(raw), raw, request_headers(), svc, facts)
     assert facts.prompt_tokens_received == PER_MESSAGE * 8 + 2
     assert facts.prompt_tokens_forwarded is None
 
@@ -228,7 +231,7 @@ async def test_a_session_rejection_still_names_its_session(upstream: Upstream) -
     facts = RequestFacts("rid")
     raw = orjson.dumps({"model": "m", "messages": conversation(1)})
     with pytest.raises(SessionTurnLimit):
-        await prepare(parse_chat(raw), raw, request_headers(headers), svc, facts)
+        await prepare(CHAT, parse_chat(raw), raw, request_headers(headers), svc, facts)
     assert facts.session_id == "bob"
 
 

@@ -14,18 +14,20 @@ from proxy.admission.need import Need
 from proxy.dialects import completions
 from proxy.errors import ContextLengthExceeded, InvalidRequest
 from proxy.logs import RequestFacts
-from proxy.pipeline.prepare import PROMPT_TOKENS, Prepared
-from proxy.pipeline.prepare_completion import prepare_completion
+from proxy.pipeline.prepare import PROMPT_TOKENS, Prepared, prepare
+from proxy.pipeline.table import builtin_dialects
 from proxy.upstream import Upstream
 from tests.proxy.test_prepare import request_headers, sample, services, upstream
 
 __all__ = ["upstream"]  # the fixture
 
+COMPLETIONS = next(d for d in builtin_dialects() if d.name == "completions")
+
 
 async def run(svc: Any, **body: Any) -> tuple[Prepared, bytes]:
     raw = orjson.dumps({"model": "m", **body})
-    prepared = await prepare_completion(
-        completions.parse(raw), raw, request_headers(), svc, RequestFacts("rid")
+    prepared = await prepare(
+        COMPLETIONS, completions.parse(raw), raw, request_headers(), svc, RequestFacts("rid")
     )
     return prepared, raw
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 
 from proxy.tokens import estimate_error
-from proxy.tokens.usage import upstream_prompt_tokens
+from proxy.tokens.usage import anthropic_input_tokens, input_tokens, upstream_prompt_tokens
 
 
 def body(content: str, usage: object = None) -> bytes:
@@ -51,7 +51,9 @@ def test_large_bodies_use_the_tail_and_ignore_quoted_text() -> None:
 
 def test_the_dialects_usage_is_read_too() -> None:
     responses = {"input_tokens": 40, "output_tokens": 3, "total_tokens": 43}
-    assert upstream_prompt_tokens(orjson.dumps({"object": "response", "usage": responses})) == 40
+    answer = orjson.dumps({"object": "response", "usage": responses})
+    assert upstream_prompt_tokens(answer, input_tokens) == 40
+    assert upstream_prompt_tokens(answer) is None  # chat's reader reads chat's field
     # Anthropic's input_tokens leave out what the prompt cache read or wrote.
     anthropic = {
         "input_tokens": 10,
@@ -59,5 +61,7 @@ def test_the_dialects_usage_is_read_too() -> None:
         "cache_creation_input_tokens": None,
         "output_tokens": 5,
     }
-    assert upstream_prompt_tokens(orjson.dumps({"type": "message", "usage": anthropic})) == 42
-    assert upstream_prompt_tokens(orjson.dumps({"usage": {"input_tokens": "10"}})) is None
+    message = orjson.dumps({"type": "message", "usage": anthropic})
+    assert upstream_prompt_tokens(message, anthropic_input_tokens) == 42
+    wrong = orjson.dumps({"usage": {"input_tokens": "10"}})
+    assert upstream_prompt_tokens(wrong, anthropic_input_tokens) is None

@@ -1,4 +1,6 @@
-"""Parsing and checking a chat-completions request body.
+"""The chat-completions dialect: parsing and checking its body, rendering the kept
+messages back (docs/architecture.md §4, §22). Its items are the chat messages
+themselves, so the chat template renders them as they are.
 
 Only the fields trimming needs are checked; every other field passes through
 untouched, unknown ones included. The body stays a plain dict: no pydantic model
@@ -7,28 +9,27 @@ on the hot path.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from proxy.body import answers, common_fields, load_object, positive_int
+from proxy.dialects.conversation import Conversation
 from proxy.errors import InvalidRequest
-from proxy.types import JSONObject, Message
+from proxy.types import Message
 
 
 # Not frozen: read-only by convention (why: proxy.types, above PromptCount).
 @dataclass(slots=True)
-class ChatRequest:
-    body: JSONObject
-    messages: list[Message]
-    model: str | None
-    max_tokens: int | None
-    stream: bool
-    tools: list[JSONObject] | None
-    user: str | None
-    n: int = 1
-    """Answers asked for; each holds its own completion in the engine's KV cache."""
+class ChatRequest(Conversation):
+    """A chat request: a ``Conversation`` whose items are its messages, each its own
+    turn role (trimming reads the messages themselves)."""
+
+    @property
+    def messages(self) -> list[Message]:
+        return self.items
 
 
 def _bad_message(messages: list[Any]) -> InvalidRequest:
@@ -65,8 +66,11 @@ def parse_chat(raw: bytes) -> ChatRequest:
     # OpenAI and vLLM honour.
     max_tokens = positive_int(body, "max_completion_tokens") or positive_int(body, "max_tokens")
     return ChatRequest(
+        endpoint="chat",
         body=body,
-        messages=messages,
+        items=messages,
+        roles=messages,
+        head=0,
         model=model,
         max_tokens=max_tokens,
         stream=stream,
@@ -76,8 +80,20 @@ def parse_chat(raw: bytes) -> ChatRequest:
     )
 
 
-def with_messages(request: ChatRequest, messages: list[Message]) -> bytes:
-    """The body to forward after trimming: the same object, fewer messages."""
-    body = dict(request.body)
-    body["messages"] = messages
+def to_chat(conv: Conversation, kept: Sequence[int]) -> tuple[list[Message], list[int]]:
+    """The kept messages, each its own item."""
+    return [conv.items[i] for i in kept], list(kept)
+
+
+def render(conv: Conversation, kept: Sequence[int], max_tokens: int | None) -> bytes:
+    """The body to forward: the same object with the kept messages, and ``max_tokens``
+    (when given) written to the field the client bounded its answer by
+    (``max_completion_tokens``, which vLLM honours first, else ``max_tokens``, the one
+    both vLLM and FastChat read)."""
+    body = dict(conv.body)
+    if len(kept) != len(conv.items):
+        body["messages"] = [conv.items[i] for i in kept]
+    if max_tokens is not None:
+        asked = conv.max_tokens is not None and body.get("max_completion_tokens") is not None
+        body["max_completion_tokens" if asked else "max_tokens"] = max_tokens
     return orjson.dumps(body)
