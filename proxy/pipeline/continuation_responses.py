@@ -210,8 +210,13 @@ class ResponsesReframe(Reframing):
             for item in messages:
                 self._message(item)
             if not messages and self._text and self._item is not None:
-                item = {"id": self._item, "type": "message", "role": "assistant",
-                        "status": "completed", "content": []}  # fmt: skip
+                item = {
+                    "id": self._item,
+                    "type": "message",
+                    "role": "assistant",
+                    "status": "completed",
+                    "content": [],
+                }
                 self._message(item)
                 output.insert(0, item)
         usage = response.get("usage")

@@ -126,7 +126,7 @@ async def forward(
             response = await upstream.forward(
                 out.method, out.path, out.headers, out.body, client_gone
             )
-            return Sent(response, {}, upstream.transport.failure)
+            return Sent(response=response, headers={}, failure=upstream.transport.failure)
         lone = svc.upstream.lone
         if lone is None or lone in svc.gates:
             return await _send_routed(svc, out, client_gone, facts, prepared)
@@ -138,9 +138,14 @@ async def forward(
             lone, out.method, out.path, out.headers, out.body, client_gone, prepared.counted_in
         )
         sent = Sent(
-            response, prepared.headers, transport.failure, None, None, None, None,
-            prepared, svc.metrics, facts, started,
-        )  # fmt: skip
+            response=response,
+            headers=prepared.headers,
+            failure=transport.failure,
+            prepared=prepared,
+            metrics=svc.metrics,
+            facts=facts,
+            started=started,
+        )
         sent.on_first_byte = sent.first_byte
         return sent
     except BaseException:
@@ -174,22 +179,22 @@ async def _send_routed(
         engine.in_flight += 1
         started = time.perf_counter()
         try:
+            # A continuation's count was long ago: its read timeout is whole.
+            spent = prepared.counted_in if body is out.body else 0.0
             response = await transport.send(
-                engine, out.method, out.path, out.headers, body, client_gone,
-                # A continuation's count was long ago: its read timeout is whole.
-                prepared.counted_in if body is out.body else 0.0,
-            )  # fmt: skip
+                engine, out.method, out.path, out.headers, body, client_gone, spent
+            )
         except BaseException:
             engine.in_flight -= 1
             if reservation is not None:
                 reservation.release()
             raise
         sent = Sent(
-            response,
-            prepared.headers,
-            transport.failure,
-            engine,
-            reservation,
+            response=response,
+            headers=prepared.headers,
+            failure=transport.failure,
+            engine=engine,
+            reservation=reservation,
             prepared=prepared,
             metrics=svc.metrics,
             facts=facts,
@@ -275,9 +280,14 @@ def _continue_on(
 
     assert sent.facts is not None
     sent.continuation = Continuation(
-        out.body or b"", svc.settings.continue_attempts, move, so_far, svc.metrics, sent.facts,
-        form,
-    )  # fmt: skip
+        body=out.body or b"",
+        attempts=svc.settings.continue_attempts,
+        move=move,
+        so_far=so_far,
+        metrics=svc.metrics,
+        facts=sent.facts,
+        form=form,
+    )
     sent.on_chunk = so_far.on_chunk
 
 

@@ -75,13 +75,20 @@ class Resend:
             raise failure from exc
         if self._on_retry is not None:
             self._on_retry("disconnected")
-        log.info("engine %s closed the connection before answering; sending once more on a "
-                 "fresh connection", engine.label)  # fmt: skip
+        log.info(
+            "engine %s closed the connection before answering; sending once more on a "
+            "fresh connection",
+            engine.label,
+        )
         try:
             return await self._fresh().request(
-                method, url, headers=headers, data=body, allow_redirects=False,
+                method,
+                url,
+                headers=headers,
+                data=body,
+                allow_redirects=False,
                 skip_auto_headers=skip,
-            )  # fmt: skip
+            )
         except TRANSPORT_ERRORS as again:
             if connection_failed(again):
                 marks.engine_failed(engine, "connect")

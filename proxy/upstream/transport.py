@@ -217,9 +217,13 @@ class Transport:
             try:
                 # session.request inline: a Python frame less (docs/performance.md §6).
                 request = self._session.request(
-                    method, url, headers=headers, data=body, allow_redirects=False,
+                    method,
+                    url,
+                    headers=headers,
+                    data=body,
+                    allow_redirects=False,
                     skip_auto_headers=skip,
-                )  # fmt: skip
+                )
                 if count_spent < SHARED_FROM:
                     response = await request
                 elif (got := await head_within(request, self.read_timeout - count_spent)) is None:
