@@ -46,7 +46,7 @@ from proxy.upstream.failover import failover
 @dataclass(slots=True)
 class Outgoing:
     """What goes upstream: the method, the path in normal form (with the query), the
-    headers (``Transport.request_headers``) and the body."""
+    headers (``Upstream.request_headers``) and the body."""
 
     method: str
     path: str
