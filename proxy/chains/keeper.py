@@ -120,8 +120,11 @@ def build_keeper(settings: Settings, metrics: Metrics) -> Keeper:
         )
     else:
         if settings.workers > 1:
-            log.warning("each of the %d workers holds its own stored responses, and a "
-                        "previous_response_id another one stored is not found: set "
-                        "TRIMPROXY_REDIS_URL for one view", settings.workers)  # fmt: skip
+            log.warning(
+                "each of the %d workers holds its own stored responses, and a "
+                "previous_response_id another one stored is not found: set "
+                "TRIMPROXY_REDIS_URL for one view",
+                settings.workers,
+            )
         store = MemoryStore(settings.response_store_entries, settings.response_store_ttl)
     return Keeper(store, metrics)

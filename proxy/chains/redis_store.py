@@ -125,12 +125,17 @@ class RedisStore:
                 log.warning(
                     "response store %s unavailable (%s); previous_response_id and "
                     "GET/DELETE /v1/responses/{id} answer 503, retrying every %g s",
-                    self.target, type(exc).__name__, self.retry_interval,
-                )  # fmt: skip
+                    self.target,
+                    type(exc).__name__,
+                    self.retry_interval,
+                )
             raise StoreUnavailable(self.target) from exc
         if self.down_since is not None:
-            log.warning("response store %s is back after %.1f s", self.target,
-                        self.clock() - self.down_since)  # fmt: skip
+            log.warning(
+                "response store %s is back after %.1f s",
+                self.target,
+                self.clock() - self.down_since,
+            )
             self.down_since = None
         return result
 

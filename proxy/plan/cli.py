@@ -95,44 +95,120 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     add = parser.add_argument
     add("model", nargs="?", help="model directory or its config.json")
-    add("--from-engine", metavar="URL", help="a running vLLM server's root URL: read its own "
-        "KV figures instead of computing them")  # fmt: skip
-    add("--api-key", help="bearer token for --from-engine (default TRIMPROXY_UPSTREAM_API_KEY)")
-    add("--tensor-parallel-size", type=_positive, default=1, metavar="N",
-        help="GPUs each layer is split over (vLLM's flag) [1]")  # fmt: skip
-    add("--pipeline-parallel-size", type=_positive, default=1, metavar="N",
-        help="stages the layers are spread over (vLLM's flag) [1]")  # fmt: skip
-    add("--gpu-memory", type=_positive_size, default="80GiB", metavar="SIZE",
-        help="memory of each GPU: 80GiB, 24GB, 512MiB, or a number of GiB [80GiB]")  # fmt: skip
-    add("--gpu-memory-utilization", type=_utilization, default=0.9, metavar="SHARE",
-        help="share of each GPU vLLM may use, above 0 and at most 1 [0.9]")  # fmt: skip
-    add("--max-model-len", type=_positive, metavar="N",
-        help="the engine's context length (default: the config's)")  # fmt: skip
-    add("--max-num-seqs", type=_positive, metavar="N",
-        help="sequences vLLM runs at once (default: --concurrency, else 8)")  # fmt: skip
-    add("--dtype", default="auto",
-        help="the weights' dtype as vLLM's --dtype (auto: the config's torch_dtype) "
-        "[auto]")  # fmt: skip
-    add("--kv-cache-dtype", default="auto",
-        help="the KV cache's dtype as vLLM's --kv-cache-dtype (fp8*: 1 byte) [auto]")  # fmt: skip
-    add("--block-size", type=_positive, metavar="N",
-        help="tokens per KV block (default: 16 on cuda, 128 on cpu)")  # fmt: skip
-    add("--device", choices=("cuda", "cpu"), default="cuda",
-        help="where the engine runs [cuda]")  # fmt: skip
-    add("--cpu-kv-cache-space", type=_positive, metavar="GiB",
-        help="with --device cpu: the KV pool, VLLM_CPU_KVCACHE_SPACE [4]")  # fmt: skip
-    add("--concurrency", type=_positive, metavar="N",
-        help="sessions that must fit at once (default: --max-num-seqs, else 8)")  # fmt: skip
-    add("--completion-reserve", type=_not_negative, default=512, metavar="TOKENS",
-        help="tokens kept for each answer (TRIMPROXY_DEFAULT_COMPLETION_RESERVE) "
-        "[512]")  # fmt: skip
-    add("--reserve", type=parse_size, metavar="SIZE",
-        help="per-GPU activation/overhead reserve (default: an estimate, see "
-        "docs/plan.md)")  # fmt: skip
-    add("--attn-implementation", choices=ATTENTION_IMPLEMENTATIONS, default="eager",
-        help="the transformers worker's attention, for FastChat advice [eager]")  # fmt: skip
+    _engine_arguments(parser)
+    _flag_arguments(parser)
+    _plan_arguments(parser)
     add("--json", action="store_true", help="one JSON object on stdout")
     return parser
+
+
+def _engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """The engine: where its figures come from, and its GPUs."""
+    add = parser.add_argument
+    add(
+        "--from-engine",
+        metavar="URL",
+        help="a running vLLM server's root URL: read its own KV figures instead of computing them",
+    )
+    add("--api-key", help="bearer token for --from-engine (default TRIMPROXY_UPSTREAM_API_KEY)")
+    add(
+        "--tensor-parallel-size",
+        type=_positive,
+        default=1,
+        metavar="N",
+        help="GPUs each layer is split over (vLLM's flag) [1]",
+    )
+    add(
+        "--pipeline-parallel-size",
+        type=_positive,
+        default=1,
+        metavar="N",
+        help="stages the layers are spread over (vLLM's flag) [1]",
+    )
+    add(
+        "--gpu-memory",
+        type=_positive_size,
+        default="80GiB",
+        metavar="SIZE",
+        help="memory of each GPU: 80GiB, 24GB, 512MiB, or a number of GiB [80GiB]",
+    )
+    add(
+        "--gpu-memory-utilization",
+        type=_utilization,
+        default=0.9,
+        metavar="SHARE",
+        help="share of each GPU vLLM may use, above 0 and at most 1 [0.9]",
+    )
+
+
+def _flag_arguments(parser: argparse.ArgumentParser) -> None:
+    """vLLM's own flags that size its KV cache."""
+    add = parser.add_argument
+    add(
+        "--max-model-len",
+        type=_positive,
+        metavar="N",
+        help="the engine's context length (default: the config's)",
+    )
+    add(
+        "--max-num-seqs",
+        type=_positive,
+        metavar="N",
+        help="sequences vLLM runs at once (default: --concurrency, else 8)",
+    )
+    add(
+        "--dtype",
+        default="auto",
+        help="the weights' dtype as vLLM's --dtype (auto: the config's torch_dtype) [auto]",
+    )
+    add(
+        "--kv-cache-dtype",
+        default="auto",
+        help="the KV cache's dtype as vLLM's --kv-cache-dtype (fp8*: 1 byte) [auto]",
+    )
+    add(
+        "--block-size",
+        type=_positive,
+        metavar="N",
+        help="tokens per KV block (default: 16 on cuda, 128 on cpu)",
+    )
+    add("--device", choices=("cuda", "cpu"), default="cuda", help="where the engine runs [cuda]")
+    add(
+        "--cpu-kv-cache-space",
+        type=_positive,
+        metavar="GiB",
+        help="with --device cpu: the KV pool, VLLM_CPU_KVCACHE_SPACE [4]",
+    )
+
+
+def _plan_arguments(parser: argparse.ArgumentParser) -> None:
+    """What the plan must hold: the sessions at once, each answer's share, the reserve."""
+    add = parser.add_argument
+    add(
+        "--concurrency",
+        type=_positive,
+        metavar="N",
+        help="sessions that must fit at once (default: --max-num-seqs, else 8)",
+    )
+    add(
+        "--completion-reserve",
+        type=_not_negative,
+        default=512,
+        metavar="TOKENS",
+        help="tokens kept for each answer (TRIMPROXY_DEFAULT_COMPLETION_RESERVE) [512]",
+    )
+    add(
+        "--reserve",
+        type=parse_size,
+        metavar="SIZE",
+        help="per-GPU activation/overhead reserve (default: an estimate, see docs/plan.md)",
+    )
+    add(
+        "--attn-implementation",
+        choices=ATTENTION_IMPLEMENTATIONS,
+        default="eager",
+        help="the transformers worker's attention, for FastChat advice [eager]",
+    )
 
 
 def _report(args: argparse.Namespace) -> dict[str, Any]:

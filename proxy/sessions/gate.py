@@ -151,8 +151,11 @@ def build_sessions(settings: Settings, metrics: Metrics) -> Sessions | None:
         store = RedisStore(settings.redis_url, failure=settings.session_store_failure)
     else:
         if settings.workers > 1:
-            log.warning("each of the %d workers holds its own sessions: set "
-                        "TRIMPROXY_REDIS_URL for one view", settings.workers)  # fmt: skip
+            log.warning(
+                "each of the %d workers holds its own sessions: set "
+                "TRIMPROXY_REDIS_URL for one view",
+                settings.workers,
+            )
         store = MemoryStore(settings.session_max_entries)
     return Sessions(
         store,

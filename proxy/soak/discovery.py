@@ -146,8 +146,9 @@ async def metrics_urls(session: aiohttp.ClientSession, options: SoakOptions) -> 
     if options.metrics_url:
         if options.metrics_url.lower() == NO_METRICS:
             if given:
-                raise SetupError("--metrics-url none turns engine metrics off; drop it or "
-                                 "--engine-metrics")  # fmt: skip
+                raise SetupError(
+                    "--metrics-url none turns engine metrics off; drop it or --engine-metrics"
+                )
             return []
         given.insert(0, options.metrics_url)
     if given:

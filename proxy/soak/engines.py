@@ -84,18 +84,31 @@ def _column(rows: Sequence[Any], samples: Sequence[Sample], engines: Sequence[st
             kv_ax.plot(*zip(*kv, strict=True), color=colors[name], linewidth=1.2, label=name)
         running = [(t, f["running"]) for t, f in points if f.get("running") is not None]
         if running:
-            load_ax.plot(*zip(*running, strict=True), color=colors[name], linewidth=1.2,
-                         label=f"{name} running")  # fmt: skip
+            load_ax.plot(
+                *zip(*running, strict=True),
+                color=colors[name],
+                linewidth=1.2,
+                label=f"{name} running",
+            )
         waiting = [(t, f["waiting"]) for t, f in points if f.get("waiting") is not None]
         if waiting and any(w for _, w in waiting):
-            load_ax.plot(*zip(*waiting, strict=True), color=colors[name], linewidth=1.0,
-                         linestyle="--", label=f"{name} waiting")  # fmt: skip
+            load_ax.plot(
+                *zip(*waiting, strict=True),
+                color=colors[name],
+                linewidth=1.0,
+                linestyle="--",
+                label=f"{name} waiting",
+            )
     curves = hit_ratio_curves(samples, engines)
     for name in (*engines, ""):  # the cluster last, on top, dashed: one engine hides it not
         if curves[name]:
-            hit_ax.plot(*zip(*curves[name], strict=True), color=colors.get(name, _CLUSTER),
-                        linewidth=1.2, linestyle="--" if not name else "-",
-                        label=name or "cluster")  # fmt: skip
+            hit_ax.plot(
+                *zip(*curves[name], strict=True),
+                color=colors.get(name, _CLUSTER),
+                linewidth=1.2,
+                linestyle="--" if not name else "-",
+                label=name or "cluster",
+            )
     kv_ax.set_ylim(0, 105)
     hit_ax.set_ylim(0, 1.05)
     for ax in rows:

@@ -30,8 +30,13 @@ from proxy.soak.records import RequestRecord, Sample
 from proxy.soak.summary import SCALAR_FIELDS
 
 _PROMPT, _SENT, _KV, _ERR, _WAIT, _PRE = (
-    "#1f77b4", "#aec7e8", "#ff7f0e", "#d62728", "#9467bd", "#8c564b"
-)  # fmt: skip
+    "#1f77b4",
+    "#aec7e8",
+    "#ff7f0e",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+)
 
 
 #: Samples in the KV trend line's trailing mean: 5 s at 0.5 s a sample.
@@ -73,8 +78,13 @@ def _kv_axis(ax: Axes, samples: Sequence[Sample]) -> None:
         # Every sample, faint; over it the mean of the last few seconds, which is the
         # trend a reader looks for (flat, sawtooth, rising) without the batch rhythm.
         twin.fill_between(times, usage, color=_KV, alpha=0.18, linewidth=0)
-        twin.plot(times, _trailing_mean(usage, _TREND_SAMPLES), color=_KV, linewidth=1.8,
-                  label="KV-cache usage")  # fmt: skip
+        twin.plot(
+            times,
+            _trailing_mean(usage, _TREND_SAMPLES),
+            color=_KV,
+            linewidth=1.8,
+            label="KV-cache usage",
+        )
     twin.set_ylim(0, 105)
     twin.set_ylabel("KV-cache usage (%, 5 s mean)", color=_KV)
     twin.tick_params(axis="y", colors=_KV)
@@ -132,8 +142,11 @@ def detail_figure(
         mine = [s for s in samples if s.arm == arm]
         top, mid = grid[0][col], grid[1][col]
         first = next((s.preemptions_total for s in mine if s.preemptions_total is not None), None)
-        pre = [(s.t, s.preemptions_total - first) for s in mine
-               if s.preemptions_total is not None and first is not None]  # fmt: skip
+        pre = [
+            (s.t, s.preemptions_total - first)
+            for s in mine
+            if s.preemptions_total is not None and first is not None
+        ]
         if pre:
             top.step(*zip(*pre, strict=True), where="post", color=_PRE, label="preemptions")
         wait = [(s.t, s.waiting) for s in mine if s.waiting is not None]
@@ -144,8 +157,13 @@ def detail_figure(
         top.grid(alpha=0.3)
         ok = [r for r in records if r.arm == arm and r.ok]
         if ok:
-            mid.scatter([r.start for r in ok], [r.latency_seconds for r in ok], s=6,
-                        color=_PROMPT, label="latency")  # fmt: skip
+            mid.scatter(
+                [r.start for r in ok],
+                [r.latency_seconds for r in ok],
+                s=6,
+                color=_PROMPT,
+                label="latency",
+            )
             ttft = [(r.start, r.ttft_seconds) for r in ok if r.ttft_seconds is not None]
             if ttft:
                 mid.scatter(*zip(*ttft, strict=True), s=6, color=_KV, label="time to first token")

@@ -187,8 +187,9 @@ class EngineSampler:
         failed = [f"{name}: {f['error']}" for name, f in engines.items() if "error" in f]
         error = "; ".join(failed)[:400] if failed else None
         if not answered:
-            return Sample(arm, round(t, 4), unix, gpu_memory_used_mib=gpu, error=error,
-                          engines=engines)  # fmt: skip
+            return Sample(
+                arm, round(t, 4), unix, gpu_memory_used_mib=gpu, error=error, engines=engines
+            )
         reading = _fold(answered)
         self.last_reading = reading
         return Sample(

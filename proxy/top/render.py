@@ -13,12 +13,30 @@ import math
 from proxy.metrics import ENDPOINTS
 from proxy.top.snapshot import EndpointRow, EngineRow, Histogram, Window
 
-_COLUMNS = ("engine", "up", "kv use", "reserved/capacity", "run", "wait", "hit ratio", "preempt",
-            "requests")  # fmt: skip
+_COLUMNS = (
+    "engine",
+    "up",
+    "kv use",
+    "reserved/capacity",
+    "run",
+    "wait",
+    "hit ratio",
+    "preempt",
+    "requests",
+)
 _WIDTHS = (24, 4, 7, 19, 5, 5, 10, 8, 9)
 # Prompt lengths to the histogram's bucket: "<=512" reads "at most 512 tokens".
-_ENDPOINT_COLUMNS = ("endpoint", "prompts", "received p50", "max", "forwarded p50", "max",
-                     "trims", "resets", "rejected")  # fmt: skip
+_ENDPOINT_COLUMNS = (
+    "endpoint",
+    "prompts",
+    "received p50",
+    "max",
+    "forwarded p50",
+    "max",
+    "trims",
+    "resets",
+    "rejected",
+)
 _ENDPOINT_WIDTHS = (12, 9, 13, 8, 14, 8, 7, 8, 8)
 _ORDER = ENDPOINTS
 
@@ -30,8 +48,12 @@ def lines(view: Window, url: str) -> list[str]:
     for name, engine in sorted(view.now.engines.items()):
         out.append(_row(_engine_cells(name, engine)))
     out.append("")
-    out.append("prompt tokens   " + _prompt(view.prompt.get("received"), "received") + "   "
-               + _prompt(view.prompt.get("forwarded"), "forwarded"))  # fmt: skip
+    out.append(
+        "prompt tokens   "
+        + _prompt(view.prompt.get("received"), "received")
+        + "   "
+        + _prompt(view.prompt.get("forwarded"), "forwarded")
+    )
     per = "/s" if view.seconds else " (totals: rates from the next reading on)"
     requests = (
         sum(view.requests.values()) if view.seconds else sum(view.now.requests_by_code.values())
@@ -58,17 +80,23 @@ def _endpoints(view: Window) -> list[str]:
     seen.sort(key=lambda n: (_ORDER.index(n), n) if n in _ORDER else (len(_ORDER), n))
     suffix = "/s" if view.seconds else ""
     # Rates as on the line above: prompts, trims and resets; admission refusals in total.
-    heads = tuple(h + suffix if h in ("prompts", "trims", "resets") else h
-                  for h in _ENDPOINT_COLUMNS)  # fmt: skip
+    heads = tuple(
+        h + suffix if h in ("prompts", "trims", "resets") else h for h in _ENDPOINT_COLUMNS
+    )
     out = ["", _row(heads, _ENDPOINT_WIDTHS)]
     for name in seen:
         row = view.endpoints[name]
         received, forwarded = row.prompt.get("received"), row.prompt.get("forwarded")
         prompts = received.count if received is not None else 0.0
-        cells = (name, _num(prompts / view.seconds if view.seconds else prompts),
-                 *_lengths(received), *_lengths(forwarded), _num(row.trims),
-                 _num(row.session_resets),
-                 _num(view.now.endpoints[name].admission_rejected))  # fmt: skip
+        cells = (
+            name,
+            _num(prompts / view.seconds if view.seconds else prompts),
+            *_lengths(received),
+            *_lengths(forwarded),
+            _num(row.trims),
+            _num(row.session_resets),
+            _num(view.now.endpoints[name].admission_rejected),
+        )
         out.append(_row(cells, _ENDPOINT_WIDTHS))
     return out
 
@@ -100,8 +128,17 @@ def _engine_cells(name: str, e: EngineRow) -> tuple[str, ...]:
     else:
         held = "-" if e.reserved is None else f"{_num(e.reserved)}/-"
     hit = "-" if e.hit_ratio is None else f"{e.hit_ratio:.3f}"
-    return (name, up, kv, held, _num(e.running), _num(e.waiting), hit, _num(e.preemptions),
-            _num(e.requests))  # fmt: skip
+    return (
+        name,
+        up,
+        kv,
+        held,
+        _num(e.running),
+        _num(e.waiting),
+        hit,
+        _num(e.preemptions),
+        _num(e.requests),
+    )
 
 
 def _row(cells: tuple[str, ...], widths: tuple[int, ...] = _WIDTHS) -> str:

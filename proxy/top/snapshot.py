@@ -250,8 +250,11 @@ def _window(before: Snapshot, now: Snapshot, seconds: float) -> Window:
     def rates(a: Mapping[str, float], b: Mapping[str, float]) -> dict[str, float]:
         return {k: rate(a.get(k, 0.0), v) for k, v in sorted(b.items())}
 
-    errors = {c: r for c, r in rates(before.requests_by_code, now.requests_by_code).items()
-              if c[:1] in "45"}  # fmt: skip
+    errors = {
+        c: r
+        for c, r in rates(before.requests_by_code, now.requests_by_code).items()
+        if c[:1] in "45"
+    }
     errors.update(
         {f"upstream {k}": r for k, r in rates(before.upstream_errors, now.upstream_errors).items()}
     )
