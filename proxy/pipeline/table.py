@@ -154,16 +154,10 @@ class Table:
             p for p in paths if not p.startswith(FORWARDED_PREFIX) and p not in FORWARDED_EXACT
         )
         #: The metrics' ``route`` labels: the proxy's own routes and every dialect's.
-        self.route_labels = OWN_ROUTES | frozenset(prompt_paths)
+        self.route_labels = OWN_ROUTES | frozenset(paths)
         self._envelopes = tuple(
             (d.path, d.envelope) for d in self.dialects if d.envelope is not OPENAI
         )
-
-    def by_name(self, name: str) -> Dialect:
-        for dialect in self.dialects:
-            if dialect.name == name:
-                return dialect
-        raise KeyError(name)
 
     def envelope_for(self, path: str) -> Envelope:
         """The error envelope of ``path`` (in normal form): its dialect's on the
