@@ -14,6 +14,12 @@ request and the ratio to ``floor``.
     .venv/bin/python bench/callgrind_cost.py                       # ~8 min: 3 targets
     .venv/bin/python bench/callgrind_cost.py --targets trimproxy,floor --requests 200
     .venv/bin/python bench/callgrind_cost.py --paced -c 1 --requests 100 --warmup 10
+    .venv/bin/python bench/callgrind_cost.py --dialect messages --targets trimproxy,trimproxy-base
+
+``--dialect`` sends the same conversation in another wire format, to its route: the
+Responses API (``instructions`` and the turns as input messages), Anthropic Messages
+(``system`` and the turns) or completions (the turns' text as one prompt; refused over
+the budget, so not with the ``-trim`` targets).
 
 Needs valgrind (``apt-get install valgrind``); a target starts in 1-2 minutes under it.
 """
@@ -23,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import glob
+import json
 import os
 import re
 import shutil
@@ -30,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -37,8 +45,34 @@ if str(ROOT) not in sys.path:
 
 from bench import overhead  # noqa: E402
 
+#: Each wire format's route (``--dialect``).
+PATHS = {
+    "chat": overhead.CHAT_PATH,
+    "responses": "/v1/responses",
+    "messages": "/v1/messages",
+    "completions": "/v1/completions",
+}
 
-async def _load(url: str, body: bytes, count: int, concurrency: int) -> None:
+
+def dialect_body(dialect: str, stream: bool) -> bytes:
+    """``overhead.chat_body``'s conversation in ``dialect``'s wire format."""
+    chat = json.loads(overhead.chat_body(stream))
+    if dialect == "chat":
+        return json.dumps(chat).encode()
+    system, *turns = chat["messages"]
+    body: dict[str, Any] = {"model": chat["model"]}
+    if dialect == "responses":
+        body |= {"instructions": system["content"], "input": turns, "max_output_tokens": 64}
+    elif dialect == "messages":
+        body |= {"system": system["content"], "messages": turns, "max_tokens": 64}
+    else:
+        body |= {"prompt": "\n".join(m["content"] for m in chat["messages"]), "max_tokens": 64}
+    if stream:
+        body["stream"] = True
+    return json.dumps(body).encode()
+
+
+async def _load(url: str, body: bytes, count: int, concurrency: int, path: str) -> None:
     import aiohttp
 
     slots = asyncio.Semaphore(concurrency)
@@ -47,8 +81,7 @@ async def _load(url: str, body: bytes, count: int, concurrency: int) -> None:
 
         async def one() -> None:
             headers = {"content-type": "application/json"}
-            chat = url + overhead.CHAT_PATH
-            async with slots, session.post(chat, data=body, headers=headers) as response:
+            async with slots, session.post(url + path, data=body, headers=headers) as response:
                 await response.read()
                 if response.status != 200:
                     raise SystemExit(f"{url} answered {response.status}")
@@ -80,9 +113,10 @@ def instructions_per_request(
         overhead._spawn, overhead._wait_http = spawn, wait
     dump = ["callgrind_control", "-d", str(server.pid)]  # writes a part, zeroes the counters
     try:
-        asyncio.run(_load(server.url, body, args.warmup, args.connections))
+        path = PATHS[args.dialect]
+        asyncio.run(_load(server.url, body, args.warmup, args.connections, path))
         subprocess.run(dump, check=True, capture_output=True)
-        asyncio.run(_load(server.url, body, args.requests, args.connections))
+        asyncio.run(_load(server.url, body, args.requests, args.connections, path))
         subprocess.run(dump, check=True, capture_output=True)
     finally:
         server.stop()
@@ -102,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=64, help="requests before [64]")
     parser.add_argument("-c", "--connections", type=int, default=16, help="concurrency [16]")
     parser.add_argument("--stream", action="store_true", help="the streamed body instead")
+    parser.add_argument(
+        "--dialect", choices=tuple(PATHS), default="chat", help="the wire format sent [chat]"
+    )
     parser.add_argument(
         "--paced",
         action="store_true",
@@ -128,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.keep is not None:
         args.keep.mkdir(parents=True, exist_ok=True)
         workdir = args.keep
-    body = overhead.chat_body(args.stream or args.paced)
+    body = dialect_body(args.dialect, args.stream or args.paced)
     sim = overhead.start_sim(workdir)
     if args.paced:
         overhead.pace_sim(sim, "paced")
@@ -141,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         sim.stop()
     floor = costs.get(overhead.FLOOR)
     mode = "paced" if args.paced else "streamed" if args.stream else "non-streamed"
-    print(f"\n{mode}, c={args.connections}, {args.requests} requests after {args.warmup}:")
+    runs = f"{args.requests} requests after {args.warmup}"
+    print(f"\n{args.dialect}, {mode}, c={args.connections}, {runs}:")
     for name, cost in costs.items():
         ratio = f"{cost / floor:.2f}x floor" if floor else ""
         print(f"{name:<18}{cost:>12,.0f} Ir/request  {ratio}")
