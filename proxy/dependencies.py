@@ -59,7 +59,10 @@ class Services:
     def needs_session_key(self) -> bool:
         """Whether a prompt request needs its session identity: for the session limits,
         or to route it by its session."""
-        return self.sessions is not None or self.routes_by_session()
+        if self.sessions is not None:
+            return True
+        # A lone engine is never routed: asked first, it spares the rest on every request.
+        return self.upstream.lone is None and self.routes_by_session()
 
 
 def services(request: Request) -> Services:

@@ -143,7 +143,9 @@ async def prepare(
     note_model(settings.max_model_name_length, conv.model, facts, endpoint)
     # A literal: calling dict[str, str] raises and catches (docs/performance.md §6).
     out: dict[str, str] = {}
-    session = await _session(dialect, conv, headers, svc, facts, out, chain)
+    session = _NO_SESSION
+    if svc.needs_session_key():
+        session = await _session(dialect, conv, headers, svc, facts, out, chain)
     allowance = completion_allowance(svc, conv)
     cap = written_cap(allowance, out)
     limit = await limit_for(svc, conv, allowance)
@@ -206,8 +208,6 @@ async def _session(
 ) -> Session:
     """The session identity, once a request, and the session limits (their headers go in
     ``out``); ``chain``: the session of a stored chain, which the request continues."""
-    if not svc.needs_session_key():
-        return _NO_SESSION
     ident = session_identity(dialect, conv, headers, svc)
     if ident is None:
         return _NO_SESSION
@@ -244,11 +244,16 @@ async def _count(
     """Every item's tokens as the engine renders them, after the cheap floor."""
     if dialect.count_prompts is not None:
         return await dialect.count_prompts(svc, conv, limit)
-    view = dialect.chat_view(conv)
+    # Chat's items are the messages themselves: counted as they are, no view to build
+    # (its fast path, docs/performance.md §6).
+    view = None if dialect.items_are_messages else dialect.chat_view(conv)
+    messages = conv.items if view is None else view.messages
     if limit is not None:
-        floor = floor_if_surely_too_long(svc, view.messages, limit.budget, raw)
+        floor = floor_if_surely_too_long(svc, messages, limit.budget, raw)
         if floor:
             raise context_length_exceeded(floor, limit, at_least=True)
+    if view is None:
+        return await svc.counter.count(messages, tools=conv.tools, model=conv.model)
     return await _per_item(svc, dialect, conv, view)
 
 
