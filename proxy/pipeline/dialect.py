@@ -84,8 +84,8 @@ def own_tools(conv: Conversation, kept: Sequence[int]) -> list[JSONObject] | Non
 class Dialect:
     """One prompt route's wire format (docs/architecture.md §22)."""
 
-    name: Endpoint
-    """Its ``endpoint`` label in the metrics and the access line."""
+    endpoint: Endpoint
+    """Its name: the ``endpoint`` label in the metrics and the access line."""
     path: str
     """The route it is served on (``POST``), and forwarded to."""
     parse: Callable[[bytes], Conversation]

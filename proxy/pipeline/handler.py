@@ -178,7 +178,7 @@ async def count_message_tokens(dialect: Dialect, request: Request) -> Response:
         raise InvalidRequest("'model' is required.", param="model")
     svc = svc.for_model(conv.model)
     facts = request_facts(request)
-    note_model(svc.settings.max_model_name_length, conv.model, facts, dialect.name)
+    note_model(svc.settings.max_model_name_length, conv.model, facts, dialect.endpoint)
     tokens = await input_tokens(svc, dialect, conv)
     # vLLM's answer, context_management included.
     body = {"input_tokens": tokens, "context_management": {"original_input_tokens": tokens}}

@@ -85,7 +85,7 @@ class Prepared:
     @property
     def endpoint(self) -> Endpoint:
         """The API the prompt came in by (its series' ``endpoint`` label)."""
-        return self.dialect.name
+        return self.dialect.endpoint
 
     @property
     def reserve(self) -> int:
@@ -139,7 +139,7 @@ async def prepare(
     the session of the stored chain a Responses request continues
     (``proxy.pipeline.chain``)."""
     settings = svc.settings
-    endpoint = dialect.name
+    endpoint = dialect.endpoint
     note_model(settings.max_model_name_length, conv.model, facts, endpoint)
     # A literal: calling dict[str, str] raises and catches (docs/performance.md §6).
     out: dict[str, str] = {}
@@ -216,7 +216,7 @@ async def _session(
     if svc.sessions is None or dialect.count_prompts is not None:
         return Session(ident.key)
     view = conv.items if dialect.items_are_messages else session_view(conv)
-    start = await session_step(svc, ident, view, facts, out, dialect.name)
+    start = await session_step(svc, ident, view, facts, out, dialect.endpoint)
     return Session(ident.key, start)
 
 

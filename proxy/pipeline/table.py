@@ -77,7 +77,7 @@ def builtin_dialects() -> tuple[Dialect, ...]:
     """The four wire formats the proxy serves: chat, Responses, Messages, completions."""
     return (
         Dialect(
-            name="chat",
+            endpoint="chat",
             path=CHAT_PATH,
             parse=chat.parse_chat,
             to_chat=chat.to_chat,
@@ -90,7 +90,7 @@ def builtin_dialects() -> tuple[Dialect, ...]:
             openapi_responses=CHAT_RESPONSES,
         ),
         Dialect(
-            name="responses",
+            endpoint="responses",
             path="/v1/responses",
             parse=_parse_responses,
             to_chat=responses.to_chat,
@@ -104,7 +104,7 @@ def builtin_dialects() -> tuple[Dialect, ...]:
             summary="Responses API, trimmed to the token budget",
         ),
         Dialect(
-            name="messages",
+            endpoint="messages",
             path=anthropic_errors.MESSAGES_PATH,
             parse=messages.parse,
             to_chat=messages.to_chat,
@@ -119,7 +119,7 @@ def builtin_dialects() -> tuple[Dialect, ...]:
             tag="anthropic",
         ),
         Dialect(
-            name="completions",
+            endpoint="completions",
             path="/v1/completions",
             parse=completions.parse,
             to_chat=completions.to_chat,
@@ -137,7 +137,7 @@ class Table:
     def __init__(self, dialects: Iterable[Dialect]) -> None:
         self.dialects = tuple(dialects)
         paths = [d.path for d in self.dialects]
-        names = [d.name for d in self.dialects]
+        names = [d.endpoint for d in self.dialects]
         if len(set(paths)) != len(paths) or len(set(names)) != len(names):
             raise ValueError(f"two dialects share a path or a name: {paths}, {names}")
         #: Every dialect's routes, ahead of the relayed rest of ``/v1/``.

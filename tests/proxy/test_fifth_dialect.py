@@ -81,7 +81,7 @@ def _body(exc: ProxyError) -> bytes:
 
 
 NOTES = Dialect(
-    name="notes",
+    endpoint="notes",
     path=NOTES_PATH,
     parse=_parse,
     to_chat=_to_chat,

@@ -30,7 +30,7 @@ from proxy.upstream import ContextWindows, Upstream
 from tests.support.inprocess import make_settings
 
 PER_MESSAGE = 10
-CHAT = next(d for d in builtin_dialects() if d.name == "chat")
+CHAT = next(d for d in builtin_dialects() if d.endpoint == "chat")
 
 
 class TenEach:

@@ -21,7 +21,7 @@ from tests.proxy.test_prepare import request_headers, sample, services, upstream
 
 __all__ = ["upstream"]  # the fixture
 
-COMPLETIONS = next(d for d in builtin_dialects() if d.name == "completions")
+COMPLETIONS = next(d for d in builtin_dialects() if d.endpoint == "completions")
 
 
 async def run(svc: Any, **body: Any) -> tuple[Prepared, bytes]:
