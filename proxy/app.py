@@ -25,7 +25,7 @@ from proxy.models import ModelRoute, ModelRoutes, ModelsFileError, build_routes,
 from proxy.openapi import DESCRIPTION
 from proxy.pipeline.breakoff import RelayAborted, quiet_relay_aborts
 from proxy.pipeline.dialect import Dialect
-from proxy.pipeline.handler import DirectRoute, error_response, handler_for
+from proxy.pipeline.handler import DirectRoute, error_response
 from proxy.pipeline.table import Table, builtin_dialects
 from proxy.routes import routes
 from proxy.sessions.gate import Sessions, build_sessions
@@ -78,7 +78,7 @@ def create_app(
     # FastAPI's exception middleware, router and dependency solving; middleware an
     # operator adds later is outside it and sees the chat requests (docs/fastapi.md).
     chat = table.dialects[0]
-    app.add_middleware(DirectRoute, path=chat.path, handler=handler_for(chat))
+    app.add_middleware(DirectRoute, dialect=chat)
     if settings.max_in_flight:
         app.add_middleware(InFlightLimit, limit=settings.max_in_flight, table=table)
     if settings.api_key_set:

@@ -92,21 +92,21 @@ def error_response(request: Request, exc: ProxyError, envelope: Envelope) -> Res
 
 
 class DirectRoute:
-    """``POST`` on one prompt route (chat's) straight to its handler, ahead of the router.
+    """``POST`` on one dialect's route (chat's) straight to its handler, ahead of the router.
 
     Pure ASGI, innermost of the proxy's middleware: every request still passes the
     accounting, the API keys and the in-flight limit, but the route that carries the
     traffic skips the layers between there and the handler (Starlette's exception
     middleware, its router's matching, two exception wrappers around the handler and
-    around every ``send``; docs/architecture.md §1, docs/performance.md §6). The
-    handler answers a ``ProxyError`` itself; anything else propagates to the same
-    server-error handler as before.
+    around every ``send``; docs/architecture.md §1, docs/performance.md §6). It answers
+    a ``ProxyError`` in the dialect's envelope, as the route's handler does; anything
+    else propagates to the same server-error handler as before.
     """
 
-    def __init__(self, app: ASGIApp, path: str, handler: Handler) -> None:
+    def __init__(self, app: ASGIApp, dialect: Dialect) -> None:
         self.app = app
-        self.path = path
-        self.handler = handler
+        self.dialect = dialect
+        self.path = dialect.path
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # Anything else (another method on this path too: the router answers its 405,
@@ -119,7 +119,12 @@ class DirectRoute:
         ):
             await self.app(scope, receive, send)
             return
-        response = await self.handler(Request(scope, receive, send))
+        request = Request(scope, receive, send)
+        # ``serve`` itself, not ``handler_for``'s wrapper: a frame less a request.
+        try:
+            response = await serve(self.dialect, request)
+        except ProxyError as exc:
+            response = error_response(request, exc, self.dialect.envelope)
         await response(scope, receive, send)
 
 

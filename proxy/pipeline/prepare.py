@@ -160,7 +160,7 @@ async def prepare(
     if dialect.count_prompts is not None:  # each prompt is a request of its own
         allowance = replace(allowance, n=allowance.n * len(count.per_message))
     result = kept.result
-    dropped = result.dropped(len(conv.items))
+    dropped = len(conv.items) - len(result.kept)
     reason = (result.reason or "budget") if dropped else None
     if dropped:
         metrics.trimmed(dropped, max(0, count.total - result.tokens), reason or "budget")

@@ -24,7 +24,9 @@ def _int(value: object) -> int | None:
 
 def prompt_tokens(usage: Mapping[str, object]) -> int | None:
     """Chat's and completions' ``usage.prompt_tokens``."""
-    return _int(usage.get("prompt_tokens"))
+    value = usage.get("prompt_tokens")
+    # The class, not isinstance: a bool is not a count, and chat's every answer reads it.
+    return value if value.__class__ is int else None
 
 
 def input_tokens(usage: Mapping[str, object]) -> int | None:
