@@ -86,13 +86,16 @@ def to_chat(conv: Conversation, kept: Sequence[int]) -> tuple[list[Message], lis
 
 
 def render(conv: Conversation, kept: Sequence[int], max_tokens: int | None) -> bytes:
-    """The body to forward: the same object with the kept messages, and ``max_tokens``
-    (when given) written to the field the client bounded its answer by
-    (``max_completion_tokens``, which vLLM honours first, else ``max_tokens``, the one
-    both vLLM and FastChat read)."""
+    """The body to forward: the same object with the kept messages (of ``conv.items``),
+    and ``max_tokens`` (when given) written to the field the client bounded its answer
+    by (``max_completion_tokens``, which vLLM honours first, else ``max_tokens``, the
+    one both vLLM and FastChat read)."""
     body = dict(conv.body)
-    if len(kept) != len(conv.items):
-        body["messages"] = [conv.items[i] for i in kept]
+    items = conv.items
+    # The kept messages, or every one when they are not the body's own (a copy with
+    # some of them changed).
+    if len(kept) != len(items) or items is not body.get("messages"):
+        body["messages"] = [items[i] for i in kept]
     if max_tokens is not None:
         asked = conv.max_tokens is not None and body.get("max_completion_tokens") is not None
         body["max_completion_tokens" if asked else "max_tokens"] = max_tokens
