@@ -98,11 +98,15 @@ class Prepared:
         return self.request.stream
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: read-only by convention (why: proxy.types, above PromptCount).
+@dataclass(slots=True)
 class Kept:
-    """What the trim step kept of a prompt, and the seconds its proof took."""
+    """What the trim step kept of a prompt that does not fit whole: the items and their
+    count, how many were dropped and why, and the seconds a proof took."""
 
     result: TrimResult
+    dropped: int = 0
+    reason: str | None = None
     proved_in: float = 0.0
 
 
@@ -138,9 +142,7 @@ async def prepare(
     ``facts``: its access-log record, filled in as the facts become known; ``chain``:
     the session of the stored chain a Responses request continues
     (``proxy.pipeline.chain``)."""
-    settings = svc.settings
-    endpoint = dialect.endpoint
-    note_model(settings.max_model_name_length, conv.model, facts, endpoint)
+    note_model(svc.settings.max_model_name_length, conv.model, facts, dialect.endpoint)
     # A literal: calling dict[str, str] raises and catches (docs/performance.md §6).
     out: dict[str, str] = {}
     session = _NO_SESSION
@@ -153,26 +155,27 @@ async def prepare(
     began = time.monotonic()
     count = await _count(dialect, conv, raw, svc, limit)
     counted_in = time.monotonic() - began
-    metrics = await model_series(svc, conv.model, endpoint, dialect.path)
+    metrics = await model_series(svc, conv.model, dialect.endpoint, dialect.path)
     metrics.prompt_received.observe(count.total)
     facts.prompt_tokens_received = count.total
-    kept = await _keep(dialect, conv, count, limit, session.history_start, svc)
+    # None: it fits whole, and nothing more is built (chat's fast path, docs/performance.md §6).
+    kept = await _keep(dialect, conv, count, limit, session.history_start, svc, metrics)
     if dialect.count_prompts is not None:  # each prompt is a request of its own
         allowance = replace(allowance, n=allowance.n * len(count.per_message))
-    result = kept.result
-    dropped = len(conv.items) - len(result.kept)
-    reason = (result.reason or "budget") if dropped else None
-    if dropped:
-        metrics.trimmed(dropped, max(0, count.total - result.tokens), reason or "budget")
-    as_sent = not dropped and cap is None and dialect.forwards_raw
-    body = raw if as_sent else dialect.render(conv, result.kept, cap)
-    note_forwarded(metrics, facts, out, result.tokens, dropped)
+    forwarded = count.total if kept is None else kept.result.tokens
+    dropped = 0 if kept is None else kept.dropped
+    if not dropped and cap is None and dialect.forwards_raw:
+        body = raw
+    else:
+        items = range(len(conv.items)) if kept is None else kept.result.kept
+        body = dialect.render(conv, items, cap)
+    note_forwarded(metrics, facts, out, forwarded, dropped)
     return Prepared(
         body=body,
         received_tokens=count.total,
-        forwarded_tokens=result.tokens,
+        forwarded_tokens=forwarded,
         dropped=dropped,
-        trim_reason=reason,
+        trim_reason=None if kept is None else kept.reason,
         budget=budget,
         headers=out,
         session_id=facts.session_id,
@@ -181,7 +184,7 @@ async def prepare(
         dialect=dialect,
         request=conv,
         session_key=session.key,
-        counted_in=counted_in + kept.proved_in,
+        counted_in=counted_in if kept is None else counted_in + kept.proved_in,
     )
 
 
@@ -227,15 +230,22 @@ async def _keep(
     limit: PromptLimit | None,
     history_start: int,
     svc: Services,
-) -> Kept:
-    """What is kept: everything when it fits whole, else the trim; a raw prompt whole
-    or refused."""
+    metrics: ModelSeries,
+) -> Kept | None:
+    """What is kept: None when everything fits whole, else the trim (its drops in the
+    metrics); a raw prompt whole or refused."""
     if dialect.count_prompts is not None:
         return Kept(_refused_over(count, limit))
     budget = None if limit is None else limit.budget
     if fits_whole(count.total, budget, svc.settings.max_history_turns, history_start):
-        return Kept(TrimResult(tuple(range(len(conv.items))), count.total, None))
-    return await _trim(dialect, conv, count, limit, history_start, svc)
+        return None
+    kept = await _trim(dialect, conv, count, limit, history_start, svc)
+    result = kept.result
+    kept.dropped = len(conv.items) - len(result.kept)
+    if kept.dropped:
+        kept.reason = result.reason or "budget"
+        metrics.trimmed(kept.dropped, max(0, count.total - result.tokens), kept.reason)
+    return kept
 
 
 async def _count(
@@ -296,7 +306,7 @@ async def _trim(
     result = await prove_fits(
         conv.roles, _recount(svc, dialect, conv), count, policy, history_start, result
     )
-    return Kept(result, time.monotonic() - began)
+    return Kept(result, proved_in=time.monotonic() - began)
 
 
 def _recount(svc: Services, dialect: Dialect, conv: Conversation) -> Recount:
