@@ -47,7 +47,7 @@ PARTS = {
     "counts them (cache warm, every hash computed anew): less loads, the count's own",
     "floor": "floor_over: the cheap floor a trimmed request checks first",
     "trim": "TrimPolicy and trim, budget TRIM_BUDGET",
-    "body": "with_messages: the trimmed body serialised",
+    "body": "render: the trimmed body serialised",
     "hf-count": "HFCounter.count, whole (runs cache warm)",
     "hf-prepare": "to_conversation and _prepare: the messages as transformers hands them on",
     "hf-jinja": "TrackedTemplate.render_plain: Jinja's plain render (what vLLM runs)",
@@ -72,7 +72,7 @@ def build(part: str, workdir: Path) -> Callable[[], object]:
     """The zero-argument call that does ``part`` once, everything it needs built."""
     import orjson
 
-    from proxy.chat import parse_chat, with_messages
+    from proxy.dialects.chat import parse_chat, render
     from proxy.floor import floor_over
     from proxy.tokens.approx import ApproxCounter
     from proxy.trimming import TrimPolicy, trim
@@ -96,8 +96,8 @@ def build(part: str, workdir: Path) -> Callable[[], object]:
     if part == "trim":
         return lambda: trim(messages, count, TrimPolicy(budget=budget, target=0.6))
     if part == "body":
-        kept = [messages[i] for i in trim(messages, count, TrimPolicy(budget=budget)).kept]
-        return lambda: with_messages(chat, kept)
+        kept = trim(messages, count, TrimPolicy(budget=budget)).kept
+        return lambda: render(chat, kept, None)
     return _build_hf(part, workdir, messages)
 
 
