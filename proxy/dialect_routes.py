@@ -190,6 +190,13 @@ def dialect_routes() -> list[Route]:
             tags=["openai"],
         ),
         APIRoute(
+            RESPONSES_PATH + "/{response_id}/input_items",
+            response_chain.list_input_items,
+            methods=["GET"],
+            summary="Input items of a stored response: not served (JSON 404)",
+            tags=["openai"],
+        ),
+        APIRoute(
             RESPONSES_PATH + "/{response_id}",
             response_chain.delete_response,
             methods=["DELETE"],

@@ -48,6 +48,12 @@ class InvalidRequest(ProxyError):
     code = "invalid_request"
 
 
+class InvalidType(InvalidRequest):
+    """A field of the wrong JSON type: OpenAI's ``invalid_type``."""
+
+    code = "invalid_type"
+
+
 class ContextLengthExceeded(ProxyError):
     status = 400
     type = "invalid_request_error"
