@@ -250,6 +250,14 @@ class RequestTimeout(ProxyError):
     code = "request_timeout"
 
 
+class UnsupportedEncoding(ProxyError):
+    """A prompt route's body under a ``Content-Encoding`` (``proxy.guards``)."""
+
+    status = 415
+    type = "invalid_request_error"
+    code = "unsupported_content_encoding"
+
+
 class MethodNotAllowed(ProxyError):
     status = 405
     type = "invalid_request_error"
@@ -260,6 +268,15 @@ class RouteNotFound(ProxyError):
     status = 404
     type = "invalid_request_error"
     code = "not_found"
+
+
+class MisspelledRoute(RouteNotFound):
+    """A path that spells a prompt route without being it (``proxy.paths``); answered
+    in the envelope of the route it spells."""
+
+    def __init__(self, message: str, route: str) -> None:
+        super().__init__(message)
+        self.route = route
 
 
 def envelope(message: str, type_: str, code: str, param: str | None = None) -> bytes:
