@@ -150,6 +150,7 @@ def keeping(
         session_key, shown = linked.session.key, linked.session.shown
 
     rid, parent = linked.rid, linked.parent
+    facts.response_id = rid
 
     async def store(response: JSONObject) -> None:
         if response.get("id") != rid:
