@@ -107,7 +107,8 @@ def session_roles(conv: Conversation) -> list[str]:
     """The role each item counts as for the session limit (docs/sessions.md): every
     user message is a turn, one wrapped between a call and its output included, and
     so is every system/developer input message but the first, so a dummy call or a
-    relabelled role cannot hide turns from TRIMPROXY_SESSION_MAX_TURNS. Trimming keeps its own view (``conv.roles``)."""
+    relabelled role cannot hide turns from TRIMPROXY_SESSION_MAX_TURNS. Trimming keeps
+    its own view (``conv.roles``)."""
     out: list[str] = []
     instructed = False
     for i, (role, item) in enumerate(zip(conv.roles, conv.items, strict=True)):
