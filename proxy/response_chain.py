@@ -77,7 +77,12 @@ async def link(svc: Services, conv: Conversation, headers: Mapping[str, str]) ->
     keep = store_flag(body) and svc.keeper.enabled
     previous = body.get("previous_response_id")
     if previous is None and not keep:
-        return None
+        if "request_id" not in body:
+            return None
+        # Nothing is stored, yet the engine's request id is still not the client's
+        # to choose (it names the engine's request while it runs).
+        out = {**body, "request_id": mint()}
+        return Link(replace(conv, body=out), orjson.dumps(out), False, None)
     rid = mint()
     # The engine answers the body's request_id as the response id: the minted one,
     # never the client's (proxy.chains.rename).

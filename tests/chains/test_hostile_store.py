@@ -152,8 +152,12 @@ def test_ids_are_minted_and_a_stored_turn_never_overwritten(
     rid(turn(proxy, "team", 0, victim))
     (body,) = [r["json"] for r in sim_upstream.requests("/v1/responses")]
     assert body["input"][0]["content"].startswith("y y")  # the victim's own first turn
-    # A client's request_id of "resp_1" does not become an id either.
+    # A client's request_id of "resp_1" does not become an id either, stored or not.
     assert rid(turn(proxy, "team", 0, None, request_id="resp_1")) != "resp_1"
+    sim_upstream.clear()
+    assert turn(proxy, "team", 0, None, request_id="resp_1", store=False).status_code == 200
+    (unstored,) = [r["json"] for r in sim_upstream.requests("/v1/responses")]
+    assert unstored["request_id"] != "resp_1"
 
 
 def test_store_off_keeps_nothing(proxy_server: StartProxy, sim_upstream: SimUpstream) -> None:
