@@ -121,6 +121,7 @@ def test_the_memory_store_holds_at_most_its_bytes(
     before = _rss(proxy)
     ids = [rid(turn(proxy, "k", 2_000_000)) for _ in range(60)]
     grown = _rss(proxy) - before
+    print(f"\nRSS grown by {grown / MIB:.1f} MiB for 60 x 2 MB stored under a 16 MiB bound")
     assert metric_value(metrics(proxy), "trimproxy_response_store_bytes") <= 16 * MIB
     assert turn(proxy, "k", 0, ids[0]).status_code == 400  # evicted, least recent first
     assert turn(proxy, "k", 0, ids[-1]).status_code == 200
