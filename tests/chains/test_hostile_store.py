@@ -170,3 +170,29 @@ def test_store_off_keeps_nothing(proxy_server: StartProxy, sim_upstream: SimUpst
     assert later.status_code == 400
     assert "TRIMPROXY_RESPONSE_STORE" in later.json()["error"]["message"]
     assert metric_value(metrics(proxy), "trimproxy_response_store_entries") == 0
+
+
+@pytest.mark.parametrize("kind", ["memory", pytest.param("redis", marks=pytest.mark.redis)])
+def test_a_chain_whose_earlier_turn_is_gone_is_a_400_naming_the_bounds(
+    kind: str, proxy_server: StartProxy, request: pytest.FixtureRequest, sim_upstream: SimUpstream
+) -> None:
+    extra: dict[str, Any] = {}
+    if kind == "redis":
+        extra["redis_url"] = request.getfixturevalue("redis_server").url
+    proxy = proxy_server(tokenizer="approx", upstream_metrics_interval=0, **extra)
+    first = rid(turn(proxy, "k"))
+    second = rid(turn(proxy, "k", 0, first))
+    third = rid(turn(proxy, "k", 0, second))
+    gone = httpx.delete(f"{proxy.url}/v1/responses/{second}", headers={"authorization": "Bearer k"})
+    assert gone.status_code == 200
+    sim_upstream.clear()
+    broken = turn(proxy, "k", 0, third)
+    assert broken.status_code == 400
+    error = broken.json()["error"]
+    assert (error["code"], error["param"]) == (
+        "previous_response_not_found",
+        "previous_response_id",
+    )
+    assert "TRIMPROXY_RESPONSE_STORE_BYTES" in error["message"]
+    assert sim_upstream.requests("/v1/responses") == []
+    assert rid(turn(proxy, "k", 0, first)) != third  # the turn before the gap goes on
