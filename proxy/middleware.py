@@ -12,7 +12,15 @@ from urllib.parse import quote, unquote
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from proxy.errors import InvalidApiKey, InvalidRequest, Overloaded, ProxyError
+from proxy.errors import (
+    InvalidApiKey,
+    InvalidRequest,
+    MisspelledRoute,
+    Overloaded,
+    ProxyError,
+    UnsupportedEncoding,
+)
+from proxy.guards import prompt_guard
 from proxy.logs import (
     FACTS_KEY,
     REQUEST_ID_HEADER,
@@ -21,7 +29,7 @@ from proxy.logs import (
     ensure_request_id,
 )
 from proxy.metrics import Metrics, route_label
-from proxy.paths import BadPath, route
+from proxy.paths import BadPath, route, spelled_prompt_path
 from proxy.pipeline.breakoff import RelayAborted
 from proxy.pipeline.table import Table
 from proxy.types import JSON_MEDIA_TYPE
@@ -42,9 +50,12 @@ async def send_error(send: Send, error: ProxyError, path: str, table: Table) -> 
 _QUIET_ROUTES = frozenset(("/metrics", "/healthz", "/readyz"))
 
 
-def routed_scope(scope: Scope, normal: frozenset[bytes] = frozenset()) -> Scope:
+def routed_scope(
+    scope: Scope, normal: frozenset[bytes] = frozenset(), prompt_paths: frozenset[str] = frozenset()
+) -> Scope:
     """The scope with its path in normal form (``proxy.paths``), routed and forwarded
-    as such; raises ``InvalidRequest`` for a path the rule refuses.
+    as such; raises ``InvalidRequest`` for a path the rule refuses, ``MisspelledRoute``
+    for another spelling of a prompt route.
 
     ``raw_path`` is what the client sent, undecoded (ASGI servers set it); the
     decoded ``path`` is rebuilt from the normal form, so the router and the
@@ -60,6 +71,14 @@ def routed_scope(scope: Scope, normal: frozenset[bytes] = frozenset()) -> Scope:
         routed = route(raw)
     except BadPath as exc:
         raise InvalidRequest(exc.reason) from None
+    spelled = spelled_prompt_path(routed.path, prompt_paths)
+    if spelled is not None:
+        raise MisspelledRoute(
+            f"This proxy serves the prompt route {spelled} only under that exact path; "
+            "it does not forward other spellings of it. Send the request to "
+            f"{spelled}.",
+            spelled,
+        )
     if not routed.changed and raw_path:
         return scope
     return {**scope, "path": unquote(routed.path), "raw_path": routed.path.encode("ascii")}
@@ -116,6 +135,9 @@ class Accounting:
         self.routes = table.route_labels
         # The route names as clients send them, which routing cannot change.
         self.normal = frozenset(path.encode("ascii") for path in table.route_labels)
+        #: The prompt routes: another spelling of one is refused, and their bodies are
+        #: read as plain JSON (``proxy.guards``).
+        self.prompt_paths = table.prompt_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -123,8 +145,9 @@ class Accounting:
             return
         start = time.perf_counter()
         try:
-            scope = routed_scope(scope, self.normal)
-        except InvalidRequest as exc:
+            scope = routed_scope(scope, self.normal, self.prompt_paths)
+            scope = prompt_guard(scope, self.prompt_paths)
+        except (InvalidRequest, MisspelledRoute, UnsupportedEncoding) as exc:
             refused: ProxyError | None = exc
         else:
             refused = None
@@ -150,7 +173,8 @@ class Accounting:
         try:
             if refused is not None:
                 facts.error = refused.code
-                await send_error(answer, refused, path, self.table)
+                spelled = refused.route if isinstance(refused, MisspelledRoute) else path
+                await send_error(answer, refused, spelled, self.table)
             else:
                 await self.app(scope, receive_wrapper, answer)
         except RelayAborted as exc:

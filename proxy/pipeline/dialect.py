@@ -106,6 +106,9 @@ class Dialect:
     """How a stream that breaks off goes on on another engine (None: it ends in an error)."""
     count_prompts: CountPrompts | None = None
     """A raw prompt's count: set, the request is refused over the budget, never trimmed."""
+    session_roles: Callable[[Conversation], list[str]] | None = None
+    """The role each item counts as for the session limits, where the dialect counts
+    turns otherwise than trimming does (docs/sessions.md); None: the turn roles."""
     agent_headers: tuple[str, ...] = ()
     """Session headers read after ``TRIMPROXY_SESSION_HEADER`` (``identify``)."""
     stored: bool = False

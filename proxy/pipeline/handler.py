@@ -20,6 +20,7 @@ from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy.dependencies import services
+from proxy.dialects.conversation import Conversation
 from proxy.errors import InvalidRequest, ProxyError
 from proxy.logs import request_facts
 from proxy.pipeline import chain as response_chain
@@ -149,14 +150,17 @@ def prompt_routes(dialects: tuple[Dialect, ...]) -> list[BaseRoute]:
     return found
 
 
-def count_tokens_route(path: str) -> Callable[[Dialect], list[BaseRoute]]:
-    """A route on ``path`` that answers the prompt tokens of a request in the dialect,
-    counted as its prompt route trims by (Anthropic's ``count_tokens``)."""
+def count_tokens_route(
+    path: str, parse: Callable[[bytes], Conversation]
+) -> Callable[[Dialect], list[BaseRoute]]:
+    """A route on ``path`` that answers the prompt tokens of a request in the dialect
+    (read by ``parse``), counted as its prompt route trims by (Anthropic's
+    ``count_tokens``)."""
 
     def routes(dialect: Dialect) -> list[BaseRoute]:
         async def count(request: Request) -> Response:
             try:
-                return await count_message_tokens(dialect, request)
+                return await count_message_tokens(dialect, parse, request)
             except ProxyError as exc:
                 return error_response(request, exc, dialect.envelope)
 
@@ -173,12 +177,14 @@ def count_tokens_route(path: str) -> Callable[[Dialect], list[BaseRoute]]:
     return routes
 
 
-async def count_message_tokens(dialect: Dialect, request: Request) -> Response:
+async def count_message_tokens(
+    dialect: Dialect, parse: Callable[[bytes], Conversation], request: Request
+) -> Response:
     """``POST /v1/messages/count_tokens``, answered here: the count the Messages route
     trims by, which is the engine's (``prepare.input_tokens``)."""
     svc = services(request)
     raw = await read_body(request, svc.settings.max_body_bytes, svc.settings.body_timeout)
-    conv = dialect.parse(raw)
+    conv = parse(raw)
     if not conv.model:
         raise InvalidRequest("'model' is required.", param="model")
     svc = svc.for_model(conv.model)

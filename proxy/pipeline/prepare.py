@@ -218,7 +218,7 @@ async def _session(
         ident = chain
     if svc.sessions is None or dialect.count_prompts is not None:
         return Session(ident.key)
-    view = conv.items if dialect.items_are_messages else session_view(conv)
+    view = conv.items if dialect.items_are_messages else session_view(dialect, conv)
     start = await session_step(svc, ident, view, facts, out, dialect.endpoint)
     return Session(ident.key, start)
 
@@ -329,10 +329,14 @@ async def input_tokens(svc: Services, dialect: Dialect, conv: Conversation) -> i
     return (await svc.counter.count(view.messages, tools=tools, model=conv.model)).total
 
 
-def session_view(conv: Conversation) -> list[Message]:
-    """The items as the session step hashes them: each one's turn role and the item."""
-    roles, items = conv.roles, conv.items
-    return [{"role": r["role"], "content": item} for r, item in zip(roles, items, strict=True)]
+def session_view(dialect: Dialect, conv: Conversation) -> list[Message]:
+    """The items as the session step hashes them: each one's role for the session limits
+    (the dialect's ``session_roles``, else its turn role) and the item."""
+    if dialect.session_roles is not None:
+        roles = dialect.session_roles(conv)
+    else:
+        roles = [r["role"] for r in conv.roles]
+    return [{"role": r, "content": item} for r, item in zip(roles, conv.items, strict=True)]
 
 
 def session_identity(
@@ -348,7 +352,7 @@ def session_identity(
         if not (headers.get(settings.session_header) or conv.user):
             return None
         return identify(headers, settings.session_header, conv.user, [])
-    view = conv.items if dialect.items_are_messages else session_view(conv)
+    view = conv.items if dialect.items_are_messages else session_view(dialect, conv)
     return identify(headers, settings.session_header, conv.user, view, dialect.agent_headers)
 
 

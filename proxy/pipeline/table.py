@@ -99,6 +99,7 @@ def builtin_dialects() -> tuple[Dialect, ...]:
             answer=RESPONSES_ANSWER,
             form=RESPONSES_FORM,
             agent_headers=AGENT_SESSION_HEADERS,
+            session_roles=responses.session_roles,
             stored=True,
             more_routes=_stored_responses,
             summary="Responses API, trimmed to the token budget",
@@ -106,7 +107,7 @@ def builtin_dialects() -> tuple[Dialect, ...]:
         Dialect(
             endpoint="messages",
             path=anthropic_errors.MESSAGES_PATH,
-            parse=messages.parse,
+            parse=messages.parse_create,
             to_chat=messages.to_chat,
             render=messages.render,
             tools=messages_chat.chat_tools,
@@ -114,7 +115,9 @@ def builtin_dialects() -> tuple[Dialect, ...]:
             answer=MESSAGES_ANSWER,
             envelope=ANTHROPIC,
             agent_headers=AGENT_SESSION_HEADERS,
-            more_routes=count_tokens_route(anthropic_errors.MESSAGES_PATH + "/count_tokens"),
+            more_routes=count_tokens_route(
+                anthropic_errors.MESSAGES_PATH + "/count_tokens", messages.parse
+            ),
             summary="Anthropic Messages API, trimmed to the token budget",
             tag="anthropic",
         ),
