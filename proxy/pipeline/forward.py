@@ -98,6 +98,12 @@ class Sent:
         if self._done:
             return
         self._done = True
+        # The first-byte hook (a method of this answer) and the continuation's move (a
+        # closure over it) are cycles: broken here, the answer and the prepared request
+        # it holds (the parsed prompt, megabytes for a long one) go when the relay
+        # drops them, not at the next collection (tests/chains/test_hostile_store.py).
+        self.on_first_byte = None
+        self.continuation = None
         if self.watch is not None:
             self.watch.finish(captured)
         if self.engine is not None:
