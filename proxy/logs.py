@@ -53,6 +53,8 @@ class RequestFacts:
     routes, which carry no prompt the proxy reads."""
     continued: str | None = None
     """Each continuation of a streamed answer: ``reason@engine``, comma-separated."""
+    context_edits: list[dict[str, Any]] | None = None
+    """Anthropic context editing's ``applied_edits`` (``proxy.context_management``)."""
 
     def fields(self, method: str, path: str, status: int, duration: float) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -82,6 +84,8 @@ class RequestFacts:
             out["engine"] = self.engine
         if self.continued is not None:
             out["continued"] = self.continued
+        if self.context_edits is not None:
+            out["context_edits"] = self.context_edits
         return out
 
 
