@@ -168,7 +168,7 @@ async def test_applied_without_the_beta_header_and_absent_without_the_field(
     assert results(forwarded(sim)) == [OUTPUT] * ROUNDS
     assert "context_management" not in (plain.model_extra or {})
     # Not over the trigger: nothing cleared, and the answer says so.
-    quiet = {**EDIT, "trigger": {"type": "input_tokens", "value": 100_000}}
+    quiet: Any = {**EDIT, "trigger": {"type": "input_tokens", "value": 100_000}}
     untouched = await client.beta.messages.create(
         model="sim-model", messages=task(), tools=TOOLS, tool_choice=NONE, max_tokens=8,
         context_management={"edits": [quiet]},
