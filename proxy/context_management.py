@@ -55,10 +55,13 @@ async def prepare_message(
     body = {key: value for key, value in conv.body.items() if key != FIELD}
     body["messages"] = edited.messages
     # The items keep their roles: an edit changes blocks' content, never a message's kind.
-    conv = replace(conv, body=body, items=[*conv.items[: conv.head], *edited.messages])
+    sent = replace(conv, body=body, items=[*conv.items[: conv.head], *edited.messages])
     _observe(svc, edited)
     facts.context_edits = edited.applied
-    prepared = await prepare_conversation(w, conv, orjson.dumps(body), headers, svc, facts)
+    # The session sees the client's own history: edits replayed on every request change
+    # earlier messages, which its prefix hashes must not take for another conversation.
+    raw = orjson.dumps(body)
+    prepared = await prepare_conversation(w, sent, raw, headers, svc, facts, client=conv)
     prepared.context_management = {"applied_edits": edited.applied}
     return prepared
 

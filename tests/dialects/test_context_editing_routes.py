@@ -203,3 +203,37 @@ async def test_a_bad_context_management_is_anthropics_400(
         )
     assert words in str(counted.value.body)
     assert sim.requests("/v1/messages") == []
+
+
+async def test_the_session_counts_the_clients_turns_while_edits_change_old_ones(
+    sim: SimUpstream,
+) -> None:
+    """Edits replayed on every request rewrite earlier messages (with keep 3, the
+    second-to-last turn's call is cleared one request later); the session limits still
+    see the client's one conversation: reset after every second turn, each request
+    following its reset point (their prefix hashes are the client's history's, not the
+    edited one's, which would lose the point: 1, 2, 1, 1, 1)."""
+    settings = make_settings(sim.url, session_max_turns=2, upstream_metrics_interval=0)
+    edit: Any = {**EDIT, "keep": {"type": "tool_uses", "value": 3}, "exclude_tools": []}
+    history: list[Any] = []
+    turns = []
+    async with served(create_app(settings, Metrics())) as url, httpx.AsyncClient() as http:
+        for t in range(5):
+            history.append({"role": "user", "content": f"Step {t}: {OUTPUT}"})
+            for r in range(2):
+                use = f"toolu_{t}_{r}"
+                call = {"type": "tool_use", "id": use, "name": "read_file", "input": {}}
+                result = {"type": "tool_result", "tool_use_id": use, "content": OUTPUT}
+                history += [
+                    {"role": "assistant", "content": [call]},
+                    {"role": "user", "content": [result]},
+                ]
+            body = {
+                "model": "sim-model", "messages": history, "max_tokens": 8,
+                "context_management": {"edits": [edit]},
+            }  # fmt: skip
+            reply = await http.post(f"{url}/v1/messages", json=body)
+            assert reply.status_code == 200, reply.text
+            turns.append(int(reply.headers["x-trimproxy-session-turn"]))
+            history.append({"role": "assistant", "content": reply.json()["content"]})
+    assert turns == [1, 2, 1, 2, 1]
