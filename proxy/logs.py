@@ -54,7 +54,7 @@ class RequestFacts:
     continued: str | None = None
     """Each continuation of a streamed answer: ``reason@engine``, comma-separated."""
     context_edits: list[dict[str, Any]] | None = None
-    """Anthropic context editing's ``applied_edits`` (``proxy.context_management``)."""
+    """Anthropic context editing's ``applied_edits`` (``proxy.pipeline.context_management``)."""
 
     def fields(self, method: str, path: str, status: int, duration: float) -> dict[str, Any]:
         out: dict[str, Any] = {

@@ -89,7 +89,7 @@ class Prepared:
     """How the answer shows its completion tokens (``proxy.admission.overrun``)."""
     context_management: JSONObject | None = None
     """What the answer's ``context_management`` says: the applied Anthropic context
-    edits (``proxy.context_management``); None when the request asked for none."""
+    edits (``proxy.pipeline.context_management``); None when the request asked for none."""
 
 
 async def model_series(

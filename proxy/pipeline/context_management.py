@@ -25,8 +25,8 @@ from proxy.dialects import context_editing
 from proxy.dialects.context_editing import FIELD, Edited
 from proxy.dialects.conversation import Conversation
 from proxy.logs import RequestFacts
-from proxy.prepare import Prepared
-from proxy.prepare_dialect import Wire, input_tokens, prepare_conversation
+from proxy.pipeline.prepare import Prepared
+from proxy.pipeline.prepare_dialect import Wire, input_tokens, prepare_conversation
 from proxy.types import JSONObject
 
 
