@@ -118,7 +118,6 @@ class _JsonEdit:
     async def send(self, message: AsgiMessage) -> None:
         if message["type"] == "http.response.start":
             if message["status"] != 200:
-                self._value = {}
                 await self._send(message)
             else:
                 self._start = message
@@ -162,7 +161,8 @@ class _StreamEdit:
             return
         data = self._pending + message.get("body", b"")
         more = message.get("more_body", False)
-        cut = data.rfind(b"\n\n") + 2 if more else len(data)
+        end = data.rfind(b"\n\n")
+        cut = (end + 2 if end >= 0 else 0) if more else len(data)
         whole, self._pending = data[:cut], data[cut:]
         if b"message_delta" in whole:
             events = [self._event(e) for e in whole.split(b"\n\n")]

@@ -13,10 +13,12 @@ import anthropic
 import httpx
 import orjson
 import pytest
+from starlette.responses import Response
 
 from proxy.app import create_app
 from proxy.dialects.context_editing import PLACEHOLDER
 from proxy.metrics import Metrics
+from proxy.pipeline.context_management import WithContextManagement
 from tests.support.closing import AsyncClosing
 from tests.support.inprocess import make_settings
 from tests.support.served import served
@@ -237,3 +239,52 @@ async def test_the_session_counts_the_clients_turns_while_edits_change_old_ones(
             turns.append(int(reply.headers["x-trimproxy-session-turn"]))
             history.append({"role": "assistant", "content": reply.json()["content"]})
     assert turns == [1, 2, 1, 2, 1]
+
+
+class _Chunks(Response):
+    """An answer that sends a stream in the chunks it is given."""
+
+    def __init__(self, chunks: list[bytes]) -> None:
+        super().__init__(status_code=200)
+        self.chunks = chunks
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        for chunk in self.chunks:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _relayed(chunks: list[bytes], value: Any) -> list[Any]:
+    sent: list[Any] = []
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    async def receive() -> Any:
+        return {"type": "http.disconnect"}
+
+    await WithContextManagement(_Chunks(chunks), value, stream=True)({}, receive, send)
+    return sent
+
+
+async def test_a_message_delta_split_across_chunks_gets_the_field_once() -> None:
+    """The stream's events come in chunks cut anywhere: each passes on whole, in order,
+    the one ``message_delta`` with ``context_management``, every other byte as it came."""
+    events = [
+        b'event: message_start\ndata: {"type":"message_start","message":{}}\n\n',
+        b'event: content_block_delta\ndata: {"type":"content_block_delta","delta":'
+        b'{"type":"text_delta","text":"no message_delta here"}}\n\n',
+        b'event: message_delta\ndata: {"type":"message_delta","delta":{},"usage":{}}\n\n',
+        b'event: message_stop\ndata: {"type":"message_stop"}\n\n',
+    ]
+    stream = b"".join(events)
+    added = b',"context_management":{"applied_edits":[]}'
+    for size in (1, 7, 40, len(stream)):
+        chunks = [stream[i : i + size] for i in range(0, len(stream), size)]
+        sent = await _relayed(chunks, {"applied_edits": []})
+        out = b"".join(m.get("body", b"") for m in sent[1:])
+        carrying = [e for e in out.split(b"\n\n") if b"context_management" in e]
+        assert carrying == [events[2][:-3] + added + b"}"], size
+        assert out.replace(added, b"") == stream
+        assert sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
