@@ -27,12 +27,13 @@ from proxy.dialects.conversation import Conversation
 from proxy.errors import InvalidRequest, ProxyError
 from proxy.logs import RequestFacts, request_facts
 from proxy.pipeline import chain as response_chain
+from proxy.pipeline import context_management
 from proxy.pipeline.breakoff import sse_error_event
 from proxy.pipeline.forward import Outgoing, forward
 from proxy.pipeline.prepare import Prepared, note_model
 from proxy.pipeline.prepare import prepare as prepare_chat
 from proxy.pipeline.prepare_completion import prepare_completion
-from proxy.pipeline.prepare_dialect import Wire, input_tokens, prepare_conversation, wire
+from proxy.pipeline.prepare_dialect import Wire, prepare_conversation, wire
 from proxy.pipeline.read import read_body
 from proxy.pipeline.relay import STREAM_WATCH_DELAY, WATCH_DELAY, Relay, watch_disconnect
 from proxy.sessions.identity import Identity
@@ -167,6 +168,10 @@ async def _serve(
     # A JSON answer is kept (up to a bound) to compare its usage with the count.
     capture = 0 if conv.stream else USAGE_CAPTURE_BYTES
     relay = Relay(sent, client_gone, capture_limit=capture, error_event=error_event)
+    if prepared.context_management is not None:  # Anthropic context editing
+        return context_management.WithContextManagement(
+            relay, prepared.context_management, conv.stream
+        )
     if linked is None:
         return relay
     return response_chain.keeping(svc, request.headers, linked, relay, sent, prepared, facts)
@@ -189,11 +194,19 @@ async def create_response(request: Request) -> Response:
     return await _serve(request, _trimmed(RESPONSES), _parse_responses, chained=True)
 
 
+async def _prepare_message(
+    conv: Conversation, raw: bytes, headers: Mapping[str, str], svc: Services,
+    facts: RequestFacts,
+) -> Prepared:  # fmt: skip
+    return await context_management.prepare_message(MESSAGES, conv, raw, headers, svc, facts)
+
+
 async def create_message(request: Request) -> Response:
-    """``POST /v1/messages``: trimmed to the budget like chat; errors in Anthropic's
-    envelope, an over-long prompt in the wording agent clients act on."""
+    """``POST /v1/messages``: its context edits applied, then trimmed to the budget like
+    chat; errors in Anthropic's envelope, an over-long prompt in the wording agent
+    clients act on."""
     try:
-        return await _serve(request, _trimmed(MESSAGES), messages.parse_create, _anthropic_event)
+        return await _serve(request, _prepare_message, messages.parse_create, _anthropic_event)
     except ProxyError as exc:
         request_facts(request).error = exc.code  # for the access line
         return anthropic_response(exc)
@@ -221,12 +234,12 @@ async def count_message_tokens(request: Request) -> Response:
         svc = svc.for_model(conv.model)
         facts = request_facts(request)
         note_model(svc.settings.max_model_name_length, conv.model, facts, "messages")
-        tokens = await input_tokens(svc, MESSAGES, conv)
+        tokens, original = await context_management.count_message(svc, MESSAGES, conv)
     except ProxyError as exc:
         request_facts(request).error = exc.code
         return anthropic_response(exc)
-    # vLLM's answer, context_management included.
-    body = {"input_tokens": tokens, "context_management": {"original_input_tokens": tokens}}
+    # vLLM's answer, context_management included: the count before the edits.
+    body = {"input_tokens": tokens, "context_management": {"original_input_tokens": original}}
     return Response(orjson.dumps(body), media_type=JSON_MEDIA_TYPE)
 
 

@@ -36,7 +36,7 @@ from proxy.sessions.gate import SESSION_ID
 from proxy.sessions.identity import Identity, identify
 from proxy.settings import Settings
 from proxy.trimming import TrimPolicy, TrimResult, fits_whole, least_kept, trim
-from proxy.types import Asking, Message, PromptCount, PromptLimit
+from proxy.types import Asking, JSONObject, Message, PromptCount, PromptLimit
 
 #: Response header: the prompt tokens forwarded.
 PROMPT_TOKENS = "x-trimproxy-prompt-tokens"
@@ -87,6 +87,9 @@ class Prepared:
     """The answer is streamed."""
     shape: AnswerShape = CHAT_ANSWER
     """How the answer shows its completion tokens (``proxy.admission.overrun``)."""
+    context_management: JSONObject | None = None
+    """What the answer's ``context_management`` says: the applied Anthropic context
+    edits (``proxy.pipeline.context_management``); None when the request asked for none."""
 
 
 async def model_series(

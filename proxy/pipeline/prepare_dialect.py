@@ -122,12 +122,15 @@ def session_view(conv: Conversation) -> list[Message]:
 async def prepare_conversation(
     w: Wire, conv: Conversation, raw: bytes, headers: Mapping[str, str], svc: Services,
     facts: RequestFacts, *, chain: Identity | None = None,
+    client: Conversation | None = None,
 ) -> Prepared:  # fmt: skip
     """Session, budget, count, trim of a dialect's request: what to forward. ``chain``:
-    the session of the stored chain the request continues (``proxy.pipeline.chain``)."""
+    the session of the stored chain the request continues (``proxy.pipeline.chain``);
+    ``client``: the conversation as the client sent it, when ``conv`` is its edited
+    form (``proxy.pipeline.context_management``): the session sees the client's history."""
     note_model(svc.settings.max_model_name_length, conv.model, facts, w.endpoint)
     out: dict[str, str] = {}
-    view = session_view(conv)
+    view = session_view(client or conv)
     ident = session_identity(svc, headers, conv.user, view, AGENT_SESSION_HEADERS)
     if ident is not None and chain is not None:
         ident = chain
