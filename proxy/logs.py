@@ -56,6 +56,8 @@ class RequestFacts:
     routes, which carry no prompt the proxy reads."""
     continued: str | None = None
     """Each continuation of a streamed answer: ``reason@engine``, comma-separated."""
+    context_edits: list[dict[str, Any]] | None = None
+    """Anthropic context editing's ``applied_edits`` (``proxy.pipeline.context_management``)."""
     response_id: str | None = None
     """The id a Responses answer is stored under, in clear; only its hash is logged."""
 
@@ -89,6 +91,8 @@ class RequestFacts:
             out["engine"] = self.engine
         if self.continued is not None:
             out["continued"] = self.continued
+        if self.context_edits is not None:
+            out["context_edits"] = self.context_edits
         return out
 
 

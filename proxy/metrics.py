@@ -403,6 +403,27 @@ class Metrics:
             registry=r,
         )
 
+        self.context_edits = Counter(
+            "trimproxy_context_edits",
+            "Anthropic context edits a /v1/messages request asked for that cleared something "
+            "(docs/dialects.md), by type: clear_tool_uses_20250919, clear_thinking_20251015.",
+            ["type"],
+            registry=r,
+        )
+        self.context_edit_cleared = Counter(
+            "trimproxy_context_edit_cleared",
+            "What those edits cleared, by type: tool uses (clear_tool_uses_20250919), "
+            "thinking turns (clear_thinking_20251015).",
+            ["type"],
+            registry=r,
+        )
+        self.context_edit_cleared_tokens = Counter(
+            "trimproxy_context_edit_cleared_tokens",
+            "Prompt tokens those edits cleared (applied_edits' cleared_input_tokens), by type.",
+            ["type"],
+            registry=r,
+        )
+
         self.build_info = Gauge(
             "trimproxy_build_info",
             "Always 1; the version label says which trimproxy this is.",

@@ -2,8 +2,8 @@
 lines, no class over 250, no function over 60.
 
 Read from the source with ``ast``. The exceptions are named here, each for what it is:
-the declaration lists (every metric in ``Metrics``, every setting in ``Settings``),
-which read best whole; the one send every request makes, kept inline; and the
+the declaration lists (every metric in ``Metrics``, every setting in ``Settings``, every
+dialect's row in ``builtin_dialects``), which read best whole; the one send every request makes, kept inline; and the
 simulator (``proxy/sim``), a tool beside the server. A new exception is a decision made
 here, in review, not one a merge makes by accident.
 """
@@ -30,6 +30,7 @@ ALLOWED = frozenset(
         "proxy/metrics.py::Metrics",
         "proxy/metrics.py::Metrics.__init__",
         "proxy/settings.py::Settings",  # every TRIMPROXY_* setting
+        "proxy/pipeline/table.py::builtin_dialects",  # every dialect's row, declared once
         # The send every request makes, inline (aiohttp's request included): a Python
         # frame less on each one (docs/performance.md §6), not split for a line count.
         "proxy/upstream/transport.py::Transport.send",

@@ -40,7 +40,6 @@ from proxy.errors import InvalidRequest, InvalidType, ResponseNotFound
 from proxy.logs import RequestFacts
 from proxy.pipeline.forward import Sent
 from proxy.pipeline.prepare import Prepared
-from proxy.pipeline.relay import Relay
 from proxy.sessions.identity import Identity
 from proxy.types import JSON_MEDIA_TYPE, JSONObject
 
@@ -141,7 +140,7 @@ def keeping(
     svc: Services,
     headers: Mapping[str, str],
     linked: Link,
-    relay: Relay,
+    relay: Response,
     sent: Sent,
     prepared: Prepared,
     facts: RequestFacts,
@@ -235,7 +234,7 @@ class Keeping(Response):
 
     def __init__(
         self,
-        relay: Relay,
+        relay: Response,
         capture: JsonCapture | SseCapture,
         store: Callable[[JSONObject], Awaitable[None]],
         rid: str,

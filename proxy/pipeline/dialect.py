@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from starlette.responses import Response
 from starlette.routing import BaseRoute
 
 from proxy.admission.overrun import CHAT_ANSWER, AnswerShape
@@ -22,6 +23,7 @@ from proxy.choices import Endpoint
 from proxy.dependencies import Services
 from proxy.dialects.conversation import Conversation
 from proxy.errors import ProxyError, envelope
+from proxy.logs import RequestFacts
 from proxy.pipeline.breakoff import sse_error_event
 from proxy.pipeline.continuation import Form
 from proxy.tokens.usage import UsageReader
@@ -35,6 +37,17 @@ class ChatView:
 
     messages: list[Message]
     owner: list[int] | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Edit:
+    """A request a dialect changed before the shared prepare step (Messages' context
+    editing): the conversation and body to prepare, and the wrap of its answer."""
+
+    conv: Conversation
+    raw: bytes
+    wrap: Callable[[Response], Response]
+    """The relayed answer with what the change adds to it (``context_management``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -68,6 +81,8 @@ ToChat = Callable[[Conversation, Sequence[int]], tuple[list[Message], list[int]]
 Render = Callable[[Conversation, Sequence[int], int | None], bytes]
 #: The tools as the chat template renders them, for the kept items.
 Tools = Callable[[Conversation, Sequence[int]], list[JSONObject] | None]
+#: A dialect's change to a request before the shared prepare step, or None for none.
+EditStep = Callable[[Services, "Dialect", Conversation, RequestFacts], Awaitable[Edit | None]]
 #: Where each tool output sits among the items (the trim ladder's rung that clears them).
 ToolOutputs = Callable[[Conversation], Sequence[int]]
 #: Each prompt's tokens of a request that is not trimmed but refused over the budget
@@ -106,6 +121,9 @@ class Dialect:
     """How a stream that breaks off goes on on another engine (None: it ends in an error)."""
     count_prompts: CountPrompts | None = None
     """A raw prompt's count: set, the request is refused over the budget, never trimmed."""
+    edit: EditStep | None = None
+    """A change the dialect makes to a request before the shared prepare step (Messages'
+    context editing); the session still sees the client's own conversation."""
     session_roles: Callable[[Conversation], list[str]] | None = None
     """The role each item counts as for the session limits, where the dialect counts
     turns otherwise than trimming does (docs/sessions.md); None: the turn roles."""

@@ -19,14 +19,14 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from proxy.dependencies import services
+from proxy.dependencies import Services, services
 from proxy.dialects.conversation import Conversation
 from proxy.errors import InvalidRequest, ProxyError
 from proxy.logs import request_facts
 from proxy.pipeline import chain as response_chain
 from proxy.pipeline.dialect import Dialect, Envelope
 from proxy.pipeline.forward import Outgoing, forward
-from proxy.pipeline.prepare import input_tokens, note_model, prepare
+from proxy.pipeline.prepare import note_model, prepare
 from proxy.pipeline.read import read_body
 from proxy.pipeline.relay import STREAM_WATCH_DELAY, WATCH_DELAY, Relay, watch_disconnect
 from proxy.types import JSON_MEDIA_TYPE
@@ -61,7 +61,14 @@ async def serve(dialect: Dialect, request: Request) -> Response:
     chain = None
     if linked is not None:
         conv, raw, chain = linked.conv, linked.raw, linked.session
-    prepared = await prepare(dialect, conv, raw, request.headers, svc, facts, chain=chain)
+    # Messages: its context edits applied first (the row's ``edit``).
+    edit = None if dialect.edit is None else await dialect.edit(svc, dialect, conv, facts)
+    client = None
+    if edit is not None:
+        client, conv, raw = conv, edit.conv, edit.raw
+    prepared = await prepare(
+        dialect, conv, raw, request.headers, svc, facts, chain=chain, client=client
+    )
     headers = svc.upstream.request_headers(request.scope["headers"])
     headers["content-type"] = JSON_MEDIA_TYPE
     # Watched from here on: a client may leave KV admission's line, and one that stops
@@ -78,7 +85,11 @@ async def serve(dialect: Dialect, request: Request) -> Response:
     sent = await forward(svc, out, client_gone, facts, prepared)
     # A JSON answer is kept (up to a bound) to compare its usage with the count.
     capture = 0 if conv.stream else USAGE_CAPTURE_BYTES
-    relay = Relay(sent, client_gone, capture_limit=capture, error_event=dialect.stream_error)
+    relay: Response = Relay(
+        sent, client_gone, capture_limit=capture, error_event=dialect.stream_error
+    )
+    if edit is not None:
+        relay = edit.wrap(relay)
     if linked is None:
         return relay
     return response_chain.keeping(svc, request.headers, linked, relay, sent, prepared, facts)
@@ -150,17 +161,21 @@ def prompt_routes(dialects: tuple[Dialect, ...]) -> list[BaseRoute]:
     return found
 
 
+#: A request's prompt tokens as its prompt route trims by, and before the dialect's edits.
+CountTokens = Callable[[Services, Dialect, Conversation], Awaitable[tuple[int, int]]]
+
+
 def count_tokens_route(
-    path: str, parse: Callable[[bytes], Conversation]
+    path: str, parse: Callable[[bytes], Conversation], counted: CountTokens
 ) -> Callable[[Dialect], list[BaseRoute]]:
     """A route on ``path`` that answers the prompt tokens of a request in the dialect
-    (read by ``parse``), counted as its prompt route trims by (Anthropic's
-    ``count_tokens``)."""
+    (read by ``parse``, counted by ``counted``) as its prompt route trims by
+    (Anthropic's ``count_tokens``)."""
 
     def routes(dialect: Dialect) -> list[BaseRoute]:
         async def count(request: Request) -> Response:
             try:
-                return await count_message_tokens(dialect, parse, request)
+                return await count_message_tokens(dialect, parse, counted, request)
             except ProxyError as exc:
                 return error_response(request, exc, dialect.envelope)
 
@@ -178,7 +193,10 @@ def count_tokens_route(
 
 
 async def count_message_tokens(
-    dialect: Dialect, parse: Callable[[bytes], Conversation], request: Request
+    dialect: Dialect,
+    parse: Callable[[bytes], Conversation],
+    counted: CountTokens,
+    request: Request,
 ) -> Response:
     """``POST /v1/messages/count_tokens``, answered here: the count the Messages route
     trims by, which is the engine's (``prepare.input_tokens``)."""
@@ -190,7 +208,7 @@ async def count_message_tokens(
     svc = svc.for_model(conv.model)
     facts = request_facts(request)
     note_model(svc.settings.max_model_name_length, conv.model, facts, dialect.endpoint)
-    tokens = await input_tokens(svc, dialect, conv)
-    # vLLM's answer, context_management included.
-    body = {"input_tokens": tokens, "context_management": {"original_input_tokens": tokens}}
+    tokens, original = await counted(svc, dialect, conv)
+    # vLLM's answer, context_management included: the count before the edits.
+    body = {"input_tokens": tokens, "context_management": {"original_input_tokens": original}}
     return Response(orjson.dumps(body), media_type=JSON_MEDIA_TYPE)

@@ -136,18 +136,20 @@ async def prepare(
     facts: RequestFacts,
     *,
     chain: Identity | None = None,
+    client: Conversation | None = None,
 ) -> Prepared:
     """Session, budget, count, trim: what to forward for ``conv`` (read from ``raw`` by
     ``dialect``). ``headers``: the request's, case-insensitive (its session identity);
     ``facts``: its access-log record, filled in as the facts become known; ``chain``:
     the session of the stored chain a Responses request continues
-    (``proxy.pipeline.chain``)."""
+    (``proxy.pipeline.chain``); ``client``: the conversation as the client sent it, when
+    ``conv`` is the dialect's edit of it (the session sees the client's history)."""
     note_model(svc.settings.max_model_name_length, conv.model, facts, dialect.endpoint)
     # A literal: calling dict[str, str] raises and catches (docs/performance.md §6).
     out: dict[str, str] = {}
     session = _NO_SESSION
     if svc.needs_session_key():
-        session = await _session(dialect, conv, headers, svc, facts, out, chain)
+        session = await _session(dialect, client or conv, headers, svc, facts, out, chain)
     allowance = completion_allowance(svc, conv)
     cap = written_cap(allowance, out)
     limit = await limit_for(svc, conv, allowance)
@@ -164,11 +166,7 @@ async def prepare(
         allowance = replace(allowance, n=allowance.n * len(count.per_message))
     forwarded = count.total if kept is None else kept.result.tokens
     dropped = 0 if kept is None else kept.dropped
-    if not dropped and cap is None and dialect.forwards_raw:
-        body = raw
-    else:
-        items = range(len(conv.items)) if kept is None else kept.result.kept
-        body = dialect.render(conv, items, cap)
+    body = _body(dialect, conv, raw, kept, cap)
     note_forwarded(metrics, facts, out, forwarded, dropped)
     return Prepared(
         body=body,
@@ -186,6 +184,17 @@ async def prepare(
         session_key=session.key,
         counted_in=counted_in if kept is None else counted_in + kept.proved_in,
     )
+
+
+def _body(
+    dialect: Dialect, conv: Conversation, raw: bytes, kept: Kept | None, cap: int | None
+) -> bytes:
+    """What goes upstream: the client's bytes when nothing was dropped and no cap
+    written, else the dialect's render of the kept items."""
+    dropped = 0 if kept is None else kept.dropped
+    if not dropped and cap is None and dialect.forwards_raw:
+        return raw
+    return dialect.render(conv, range(len(conv.items)) if kept is None else kept.result.kept, cap)
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ from proxy.metrics import OWN_ROUTES
 from proxy.openapi import CHAT_BODY, CHAT_RESPONSES
 from proxy.paths import FORWARDED_EXACT, FORWARDED_PREFIX
 from proxy.pipeline import chain as response_chain
+from proxy.pipeline import context_management
 from proxy.pipeline.continuation import CHAT
 from proxy.pipeline.continuation_responses import RESPONSES_FORM
 from proxy.pipeline.dialect import OPENAI, Dialect, Envelope
@@ -115,8 +116,11 @@ def builtin_dialects() -> tuple[Dialect, ...]:
             answer=MESSAGES_ANSWER,
             envelope=ANTHROPIC,
             agent_headers=AGENT_SESSION_HEADERS,
+            edit=context_management.edit_message,
             more_routes=count_tokens_route(
-                anthropic_errors.MESSAGES_PATH + "/count_tokens", messages.parse
+                anthropic_errors.MESSAGES_PATH + "/count_tokens",
+                messages.parse,
+                context_management.count_message,
             ),
             summary="Anthropic Messages API, trimmed to the token budget",
             tag="anthropic",
