@@ -3,9 +3,10 @@ lines, no class over 250, no function over 60.
 
 Read from the source with ``ast``. The exceptions are named here, each for what it is:
 the declaration lists (every metric in ``Metrics``, every setting in ``Settings``, every
-dialect's row in ``builtin_dialects``), which read best whole; the one send every request makes, kept inline; and the
-simulator (``proxy/sim``), a tool beside the server. A new exception is a decision made
-here, in review, not one a merge makes by accident.
+dialect's row in ``builtin_dialects``), which read best whole; the one send every
+request makes, kept inline; and the simulator (``proxy/sim``), a tool beside the
+server. A new exception is a decision made here, in review, not one a merge makes by
+accident.
 """
 
 from __future__ import annotations
