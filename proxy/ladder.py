@@ -22,10 +22,10 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import accumulate
+from itertools import accumulate, pairwise
 
 from proxy.errors import ContextLengthExceeded, context_length_exceeded
-from proxy.trimming import TrimPolicy, TrimResult, Turns, split_turns, trim
+from proxy.trimming import HEAD_ROLES, TrimPolicy, TrimResult, Turns, split_turns, trim
 from proxy.types import Message, PromptCount, PromptLimit
 
 #: Renders one tool output cleared: ``(item, tokens it held) -> cleared item``.
@@ -68,13 +68,30 @@ class Climb:
 def request_ends(roles: Sequence[Message], head: int) -> list[int]:
     """Where each request of the conversation ended (exclusive), the last one its
     whole length: before every assistant item that follows a non-assistant one."""
+    return _ends([m.get("role") for m in roles], head)
+
+
+def _ends(names: list[object], head: int) -> list[int]:
     ends = [
         i
-        for i in range(head + 1, len(roles))
-        if roles[i].get("role") == "assistant" and roles[i - 1].get("role") != "assistant"
+        for i, (before, name) in enumerate(pairwise(names[head:]), head + 1)
+        if name == "assistant" and before != "assistant"
     ]
-    ends.append(len(roles))
+    ends.append(len(names))
     return ends
+
+
+def _split(names: list[object]) -> Turns:
+    """``proxy.trimming.split_turns`` over the roles read once."""
+    n = len(names)
+    head = 0
+    while head < n and names[head] in HEAD_ROLES:
+        head += 1
+    starts = [i for i in range(head, n) if names[i] == "user"]
+    first_is_user = not (head < n and (not starts or starts[0] != head))
+    if not first_is_user:
+        starts.insert(0, head)
+    return Turns(head, tuple(starts), first_is_user)
 
 
 def climb(
@@ -95,32 +112,28 @@ def climb(
     if budget is None or not outputs:
         return _as_climb(trim(roles, count, policy, history_start=history_start), ())
     acc = list(accumulate(per, initial=0))
-    turns = split_turns(roles)
-    ends = request_ends(roles, turns.head)
+    names = [m.get("role") for m in roles]
+    turns = _split(names)
+    ends = _ends(names, turns.head)
     # Only an output its placeholder makes smaller is worth clearing.
     worth = [(i, c) for i, c in zip(outputs, cleared_counts, strict=True) if c < per[i]]
     pos = [i for i, _ in worth]
-    saved = list(accumulate((per[i] - c for i, c in worth), initial=0))
+    saved = list(accumulate([per[i] - c for i, c in worth], initial=0))
     common = policy.max_history_turns is None and not policy.pin_first_user and not history_start
-    held: tuple[int, int] | None = None
     if common and turns.starts:
-        cut, *rest = _replay(acc, ends, turns, pos, saved, count.overhead, policy, keep)
-        held = rest[0], rest[1]
-    else:
-        cut = _clearing(acc, ends, pos, saved, count.overhead, policy, keep)
+        cut, first, resume = _replay(acc, ends, turns, pos, saved, count.overhead, policy, keep)
+        return _held(acc, count.overhead, turns, first, resume, pos, saved, cut, policy)
+    cut = _clearing(acc, ends, pos, saved, count.overhead, policy, keep)
     cleared = pos[:cut]
     if cleared:
         after = list(per)
         for i, c in worth[:cut]:
             after[i] = c
         count = PromptCount(tuple(after), count.overhead)
-    if held is None:
-        try:
-            result = trim(roles, count, policy, history_start=history_start)
-        except ContextLengthExceeded:
-            result = _inside_last_turn(roles, count, outputs, ends, policy, keep)
-    else:
-        result = _held(count, turns, *held, policy)
+    try:
+        result = trim(roles, count, policy, history_start=history_start)
+    except ContextLengthExceeded:
+        result = _inside_last_turn(roles, count, outputs, ends, policy, keep)
     kept = set(result.kept)
     kept_cleared = tuple(i for i in cleared if i in kept)
     freed = sum(per[i] - count.per_message[i] for i in kept_cleared)
@@ -198,28 +211,31 @@ def _replay(
     cut = first = 0
     resume = starts[0]
 
-    def prompt(e: int, t: int, f: int, c: int) -> int:
+    def held(t: int, f: int, c: int) -> int:
+        """A step's prompt less its prefix sum ``acc[e]`` under a state: the same for
+        every step while the state holds."""
         d = bisect_left(pos, f)
         opening = acc[starts[t] + 1] - acc[starts[t]] if f > starts[t] else 0
-        return opening + acc[e] - acc[f] - (saved[max(c, d)] - saved[d])
+        return opening - acc[f] - (saved[max(c, d)] - saved[d])
 
-    for k, e in enumerate(ends):
-        now = prompt(e, first, resume, cut)
-        if now <= high:
-            continue
+    prompts = [acc[e] for e in ends]
+    # Prompts only grow while the state holds: the next step over is a bisection.
+    k = bisect_right(prompts, high - held(first, resume, cut))
+    while k < len(ends):
+        e = ends[k]
+        now = prompts[k] + held(first, resume, cut)
         most = max(cut, bisect_left(pos, e) - keep)
         cut = min(bisect_left(saved, saved[cut] + now - low, cut, most + 1), most)
-        if prompt(e, first, resume, cut) <= high:
-            continue
-        options = _dropping(ends, k, starts, first, resume, pos, keep)
-        if not options:
-            continue
-        sizes = [prompt(e, t, f, cut) for t, f in options]
-        j = next((j for j, p in enumerate(sizes) if p <= low), None)
-        if j is None:
-            j = next((j for j, p in enumerate(sizes) if p <= high), len(options) - 1)
-        first, resume = options[j]
-        cut = max(cut, bisect_left(pos, resume))
+        if prompts[k] + held(first, resume, cut) > high and (
+            options := _dropping(ends, k, starts, first, resume, pos, keep)
+        ):
+            sizes = [prompts[k] + held(t, f, cut) for t, f in options]
+            j = next((j for j, p in enumerate(sizes) if p <= low), None)
+            if j is None:
+                j = next((j for j, p in enumerate(sizes) if p <= high), len(options) - 1)
+            first, resume = options[j]
+            cut = max(cut, bisect_left(pos, resume))
+        k = bisect_right(prompts, high - held(first, resume, cut), k + 1)
     return cut, first, resume
 
 
@@ -253,18 +269,32 @@ def _dropping(
 
 
 def _held(
-    count: PromptCount, turns: Turns, first: int, resume: int, policy: TrimPolicy
-) -> TrimResult:
+    acc: Sequence[int],
+    overhead: int,
+    turns: Turns,
+    first: int,
+    resume: int,
+    pos: Sequence[int],
+    saved: Sequence[int],
+    cut: int,
+    policy: TrimPolicy,
+) -> Climb:
     """What ``_replay`` keeps: the head, turn ``first``'s opening message and everything
-    from ``resume`` on; the refusal when even that is over the budget."""
+    from ``resume`` on, the first ``cut`` clearable outputs cleared; the refusal when
+    even that is over the budget."""
     assert policy.budget is not None
-    per = count.per_message
+    n = len(acc) - 1
     start = turns.starts[first]
-    kept = (*range(turns.head), *([start] if resume > start else []), *range(resume, len(per)))
-    tokens = count.overhead + sum(per[i] for i in kept)
+    opening = acc[start + 1] - acc[start] if resume > start else 0
+    d = bisect_left(pos, resume)
+    freed = saved[max(cut, d)] - saved[d]
+    tokens = overhead + acc[turns.head] + opening + acc[n] - acc[resume] - freed
     if tokens > policy.budget:
         raise context_length_exceeded(tokens, policy.limit or PromptLimit(policy.budget))
-    return TrimResult(kept, tokens, "budget" if len(kept) < len(per) else None)
+    kept = (*range(turns.head), *([start] if resume > start else []), *range(resume, n))
+    cleared = tuple(pos[d:cut])
+    reason = "budget" if len(kept) < n else (CLEARED if cleared else None)
+    return Climb(kept, cleared, tokens, reason, freed)
 
 
 def _inside_last_turn(
@@ -355,5 +385,8 @@ def forwarded(
 ) -> list[object]:
     """The items to forward: the kept ones, each the client's own object but the
     cleared outputs, rendered cleared (``with_cleared``)."""
-    cleared = set(climbed.cleared)
-    return [clear(items[i], counts[i]) if i in cleared else items[i] for i in climbed.kept]
+    kept = climbed.kept
+    out = list(map(items.__getitem__, kept))
+    for i in climbed.cleared:
+        out[bisect_left(kept, i)] = clear(items[i], counts[i])
+    return out

@@ -21,9 +21,9 @@ import orjson
 from proxy.chat import ChatRequest, with_messages
 from proxy.dependencies import Services
 from proxy.dialects.conversation import Conversation
-from proxy.dialects.tool_outputs import BY_ENDPOINT, CHAT, ToolOutputs
+from proxy.dialects.tool_outputs import BY_ENDPOINT, CHAT, ToolOutputs, placeholder_of
 from proxy.errors import ContextLengthExceeded, context_length_exceeded
-from proxy.ladder import CLEARED, Climb, climb, forwarded, with_cleared
+from proxy.ladder import CLEARED, Climb, climb, forwarded, placeholder, with_cleared
 from proxy.logs import RequestFacts
 from proxy.metrics import ModelSeries
 from proxy.trimming import TrimPolicy, TrimResult
@@ -104,6 +104,41 @@ def _note(
     return dropped
 
 
+async def cleared_counts(
+    svc: Services, kind: ToolOutputs, items: Sequence[Any], outputs: Sequence[int],
+    per: Sequence[int], model: str | None,
+) -> list[int]:  # fmt: skip
+    """Each output's count once cleared: its count less what its content weighs, plus
+    what the placeholder weighs, both counted as the content of a bare message (the
+    framing cancels out). The contents are the client's own strings, counted on every
+    request of the conversation: a counter's cache has them, and only the placeholders
+    are new (docs/architecture.md §6)."""
+    content = kind.content
+    texts: list[Message] = [
+        {"role": "tool", "content": c if c.__class__ is str else _text(c)}
+        for c in map(content, map(items.__getitem__, outputs))
+    ]
+    if kind.cleared is not placeholder_of:
+        texts += [
+            {"role": "tool", "content": _text(kind.cleared(items[i], per[i]))} for i in outputs
+        ]
+        counted = (await svc.counter.count(texts, model=model)).per_message
+        n = len(outputs)
+        return [per[i] - counted[j] + counted[n + j] for j, i in enumerate(outputs)]
+    # A placeholder's count depends on its number's digits alone (every counter here
+    # counts a run of digits by its length): one count a length, not one an output.
+    lengths = sorted({len(str(per[i])) for i in outputs})
+    texts += [{"role": "tool", "content": placeholder(10 ** (d - 1))} for d in lengths]
+    counted = (await svc.counter.count(texts, model=model)).per_message
+    n = len(outputs)
+    by_length = {d: counted[n + j] for j, d in enumerate(lengths)}
+    return [per[i] - counted[j] + by_length[len(str(per[i]))] for j, i in enumerate(outputs)]
+
+
+def _text(content: Any) -> str:
+    return content if isinstance(content, str) else orjson.dumps(content).decode()
+
+
 def _reason(climbed: Climb) -> str:
     """Why items were dropped: ``proxy.trimming``'s reason (a budget, a turn limit, a
     session's reset)."""
@@ -125,17 +160,14 @@ async def chat_ladder(
         return None
     began = time.monotonic()
     per = count.per_message
-    cleared_items: list[Message] = [CHAT.clear(messages[i], per[i]) for i in outputs]  # type: ignore[misc]
-    counted = await svc.counter.count(cleared_items, model=chat.model)
+    cleared = await cleared_counts(svc, CHAT, messages, outputs, per, chat.model)
 
     async def recount(climbed: Climb) -> int:
         kept: Any = forwarded(messages, climbed, CHAT.clear, per)
         return (await svc.counter.count(kept, tools=chat.tools, model=chat.model)).total
 
     policy = _policy(svc, limit)
-    climbed = await _proved(
-        svc, messages, count, outputs, counted.per_message, policy, history_start, recount
-    )
+    climbed = await _proved(svc, messages, count, outputs, cleared, policy, history_start, recount)
     dropped = _note(climbed, len(messages), count.total, metrics, out, facts)
     took = time.monotonic() - began
     if not dropped and not climbed.cleared:
@@ -167,12 +199,7 @@ async def conversation_ladder(
     if limit is None or kind is None or not outputs:
         return None
     per = count.per_message
-    every_cleared = replace(conv, items=with_cleared(conv.items, outputs, kind.clear, per))
-    messages, owner = w.to_chat(every_cleared, outputs)
-    counted = await svc.counter.count(messages, model=conv.model)
-    cleared = dict.fromkeys(outputs, 0)
-    for j, tokens in enumerate(counted.per_message):
-        cleared[owner[j]] += tokens
+    cleared = await cleared_counts(svc, kind, conv.items, outputs, per, conv.model)
 
     def rendered(climbed: Climb) -> Conversation:
         return replace(conv, items=with_cleared(conv.items, climbed.cleared, kind.clear, per))
@@ -185,7 +212,7 @@ async def conversation_ladder(
 
     policy = _policy(svc, limit)
     climbed = await _proved(
-        svc, conv.roles, count, outputs, list(cleared.values()), policy, history_start, recount
+        svc, conv.roles, count, outputs, cleared, policy, history_start, recount
     )
     dropped = _note(climbed, len(conv.items), count.total, metrics, out, facts)
     result = TrimResult(climbed.kept, climbed.tokens, _reason(climbed) if dropped else None)

@@ -24,15 +24,29 @@ class ToolOutputs:
 
     find: Callable[[Sequence[Any]], list[int]]
     clear: ClearOne
+    content: Callable[[Any], Any]
+    """What clearing replaces in an output (counted, before and after, as text)."""
+    cleared: Callable[[Any, int], Any]
+    """The same part once the output is cleared (``clear``'s, without the copy)."""
 
 
 def _chat_outputs(items: Sequence[Any]) -> list[int]:
-    return [i for i, m in enumerate(items) if isinstance(m, dict) and m.get("role") == "tool"]
+    # Every chat message is an object with a role (``proxy.chat.parse_chat``).
+    return [i for i, m in enumerate(items) if m["role"] == "tool"]
 
 
 def _chat_clear(item: object, tokens: int) -> object:
     assert isinstance(item, dict)
     return {**item, "content": placeholder(tokens)}
+
+
+def _chat_content(item: Any) -> Any:
+    return item.get("content")
+
+
+def placeholder_of(item: Any, tokens: int) -> Any:
+    """The cleared content of an output whose whole content is one placeholder."""
+    return placeholder(tokens)
 
 
 def _responses_outputs(items: Sequence[Any]) -> list[int]:
@@ -49,6 +63,10 @@ def _responses_outputs(items: Sequence[Any]) -> list[int]:
 def _responses_clear(item: object, tokens: int) -> object:
     assert isinstance(item, dict)
     return {**item, "output": placeholder(tokens)}
+
+
+def _responses_content(item: Any) -> Any:
+    return item.get("output")
 
 
 def _results(item: Any) -> list[int]:
@@ -82,9 +100,18 @@ def _messages_clear(item: object, tokens: int) -> object:
     return {**item, "content": content}
 
 
-CHAT = ToolOutputs(_chat_outputs, _chat_clear)
-RESPONSES = ToolOutputs(_responses_outputs, _responses_clear)
-MESSAGES = ToolOutputs(_messages_outputs, _messages_clear)
+def _messages_content(item: Any) -> Any:
+    content = item["content"]
+    return [content[j].get("content") for j in _results(item)]
+
+
+def _messages_cleared(item: Any, tokens: int) -> Any:
+    return _messages_content(_messages_clear(item, tokens))
+
+
+CHAT = ToolOutputs(_chat_outputs, _chat_clear, _chat_content, placeholder_of)
+RESPONSES = ToolOutputs(_responses_outputs, _responses_clear, _responses_content, placeholder_of)
+MESSAGES = ToolOutputs(_messages_outputs, _messages_clear, _messages_content, _messages_cleared)
 
 BY_ENDPOINT: dict[Endpoint, ToolOutputs] = {
     "chat": CHAT,
