@@ -196,9 +196,11 @@ def _replay(
     to the low-water mark (the latest ``keep`` outputs of that request whole); when
     clearing all it may still leaves it over, it drops whole turns, then the last
     turn's oldest rounds (never the round that holds the oldest of its latest ``keep``
-    outputs, nor its newest), down to the mark again. What is dropped counts as
-    cleared. Nothing ever moves back, and a step under the budget changes nothing: a
-    prompt changes only on a request its held form would have put over the budget.
+    outputs, nor its newest), down to the mark again; when even that is over, the
+    latest outputs but the newest are cleared too, as far as the budget needs. What is
+    dropped counts as cleared. Nothing ever moves back, and a step under the budget
+    changes nothing: a prompt changes only on a request its held form would have put
+    over the budget.
     ``proxy.trimming`` replays over the requests that opened each turn; an agent's turn
     grows over many requests, so every request is a step here (for a chat without
     tools they are the same steps).
@@ -235,6 +237,12 @@ def _replay(
                 j = next((j for j, p in enumerate(sizes) if p <= high), len(options) - 1)
             first, resume = options[j]
             cut = max(cut, bisect_left(pos, resume))
+        if prompts[k] + held(first, resume, cut) > high:
+            # The latest outputs do not fit whole: all but the newest may go, oldest
+            # first, as far as the budget needs (rather than the 400).
+            now = prompts[k] + held(first, resume, cut)
+            newest = max(cut, bisect_left(pos, e) - 1)
+            cut = min(bisect_left(saved, saved[cut] + now - high, cut, newest + 1), newest)
         k = bisect_right(prompts, high - held(first, resume, cut), k + 1)
     return cut, first, resume
 

@@ -7,6 +7,7 @@ import copy
 import subprocess
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 
 import orjson
 from hypothesis import given
@@ -88,9 +89,13 @@ def test_the_ladder_keeps_its_invariants(case: Case) -> None:
     assert turns.starts[-1] in kept
     outputs = _outputs(messages)
     assert set(climbed.cleared) <= set(kept) & set(outputs)
-    for i in outputs[len(outputs) - keep :] if keep else []:
-        assert i not in climbed.cleared
+    latest = outputs[len(outputs) - keep :] if keep else []
+    for i in latest:
         assert i in kept or i < turns.starts[-1]  # only rung 2 drops one, with its turn
+    if set(latest) & set(climbed.cleared):  # only when they do not fit whole
+        assert outputs[-1] not in climbed.cleared
+        whole = replace(climbed, cleared=tuple(i for i in climbed.cleared if i not in latest))
+        assert _counts(case, whole) > (policy.budget or 0)
     assert climbed.tokens == _counts(case, climbed) <= (policy.budget or 0)
     sent = [messages[i] for i in kept]
     calls = {c["id"] for m in sent for c in m.get("tool_calls") or []}
