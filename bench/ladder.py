@@ -3,7 +3,7 @@ against the same body that needs none.
 
 One chat body as a coding agent sends it (a system prompt, one task, ``--rounds`` tool
 rounds of a call and a ~600-byte output; 200 rounds is ~150 kB) goes through
-``proxy.prepare.prepare`` in this process (parse, count with ``approx``, the ladder,
+``proxy.pipeline.prepare.prepare`` in this process (parse, count with ``approx``, the ladder,
 the body rendered), ``--requests`` times after ``--warmup``, under two windows: one
 that holds it whole (forwarded as it came) and one that the ladder must clear it into.
 The process CPU time (``time.process_time``) per request of each (the least of
@@ -38,7 +38,7 @@ from proxy.dependencies import Services  # noqa: E402
 from proxy.ladder_step import CLEARED_TOOL_OUTPUTS  # noqa: E402
 from proxy.logs import RequestFacts  # noqa: E402
 from proxy.metrics import Metrics  # noqa: E402
-from proxy.prepare import Prepared, prepare  # noqa: E402
+from proxy.pipeline.prepare import Prepared, prepare  # noqa: E402
 from proxy.sessions.gate import build_sessions  # noqa: E402
 from proxy.tokens import ApproxCounter  # noqa: E402
 from proxy.upstream import ContextWindows, Upstream  # noqa: E402

@@ -192,18 +192,12 @@ def _replay(
     (oldest first) go cleared, the first kept turn, and where its kept part resumes
     after its opening message (the turn's start when it is whole).
 
-    Step k is the request that ended at ``ends[k]``. Over the budget, it clears down
-    to the low-water mark (the latest ``keep`` outputs of that request whole); when
-    clearing all it may still leaves it over, it drops whole turns, then the last
-    turn's oldest rounds (never the round that holds the oldest of its latest ``keep``
-    outputs, nor its newest), down to the mark again; when even that is over, the
-    latest outputs but the newest are cleared too, as far as the budget needs. What is
-    dropped counts as cleared. Nothing ever moves back, and a step under the budget
-    changes nothing: a prompt changes only on a request its held form would have put
-    over the budget.
-    ``proxy.trimming`` replays over the requests that opened each turn; an agent's turn
-    grows over many requests, so every request is a step here (for a chat without
-    tools they are the same steps).
+    Step k is the request that ended at ``ends[k]``. Over the budget, it clears to the
+    low-water mark (the latest ``keep`` outputs whole); then it drops whole turns, then
+    the last turn's oldest rounds (``_dropping``), to the mark again; then the latest
+    outputs but the newest, as far as the budget needs. What is dropped counts as
+    cleared. Nothing moves back, and a step under the budget changes nothing
+    (docs/architecture.md §6, the replay over requests).
     """
     assert policy.budget is not None
     starts = turns.starts
@@ -213,9 +207,7 @@ def _replay(
     cut = first = 0
     resume = starts[0]
 
-    def held(t: int, f: int, c: int) -> int:
-        """A step's prompt less its prefix sum ``acc[e]`` under a state: the same for
-        every step while the state holds."""
+    def held(t: int, f: int, c: int) -> int:  # a step's prompt less acc[e], per state
         d = bisect_left(pos, f)
         opening = acc[starts[t] + 1] - acc[starts[t]] if f > starts[t] else 0
         return opening - acc[f] - (saved[max(c, d)] - saved[d])

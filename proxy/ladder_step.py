@@ -6,7 +6,7 @@ A prompt over its budget that holds tool outputs climbs the ladder here, under
 way as before (the callers' own path: these functions answer None). Each output is
 counted cleared once (only the placeholders are new text: every other item keeps the
 count it had), and a counter that is not additive gets the forwarded form recounted,
-the budget tightened by any excess, as ``proxy.prepare.prove_fits`` does for turns.
+the budget tightened by any excess, as ``proxy.pipeline.prepare.prove_fits`` does for turns.
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ async def chat_ladder(
 ) -> tuple[int, int, bytes, str | None, float] | None:  # fmt: skip
     """The chat route's prompt over its budget through the ladder: what is forwarded
     and dropped, the body, the reason and the seconds the counts took; None when the
-    ladder is off or the prompt holds no tool output (``proxy.prepare``'s own trim)."""
+    ladder is off or the prompt holds no tool output (``proxy.pipeline.prepare``'s own trim)."""
     messages = chat.messages
     outputs = CHAT.find(messages) if svc.settings.clear_tool_outputs == "auto" else []
     if limit is None or not outputs:
@@ -190,7 +190,7 @@ async def conversation_ladder(
     facts: RequestFacts,
 ) -> tuple[TrimResult, Conversation] | None:
     """A dialect's prompt over its budget through the ladder (``w``: the dialect's
-    ``proxy.prepare_dialect.Wire``): the kept items and the conversation to render
+    ``proxy.pipeline.prepare_dialect.Wire``): the kept items and the conversation to render
     them from, the cleared outputs in place; None when the ladder is off or the
     prompt holds no tool output."""
     kind: ToolOutputs | None = BY_ENDPOINT.get(w.endpoint)
