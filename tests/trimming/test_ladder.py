@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 
 from proxy.dialects.tool_outputs import CHAT
 from proxy.errors import ContextLengthExceeded
-from proxy.ladder import Climb, climb, forwarded, placeholder, request_ends
+from proxy.ladder import Climb, _split, climb, forwarded, placeholder, request_ends
 from proxy.trimming import TrimPolicy, split_turns
 from proxy.types import Message, PromptCount
-from tests.trimming.strategies import PROPS, TEXTS, tool_exchange, turn
+from tests.trimming.strategies import PROPS, TEXTS, conversations, tool_exchange, turn
 
 Case = tuple[list[Message], PromptCount, list[int], TrimPolicy, int]
 
@@ -181,3 +181,10 @@ def test_the_same_answer_from_a_fresh_process() -> None:
     )
     assert orjson.loads(there.stdout) == [list(here.kept), list(here.cleared), here.tokens]
     assert here.cleared and here.tokens <= 3000
+
+
+@PROPS
+@given(conversations())
+def test_the_ladders_turns_are_trimmings(messages: list[Message]) -> None:
+    """The ladder reads the roles once (``_split``); its turns are ``split_turns``'."""
+    assert _split([m.get("role") for m in messages]) == split_turns(messages)
