@@ -193,7 +193,7 @@ async def create_message(request: Request) -> Response:
     """``POST /v1/messages``: trimmed to the budget like chat; errors in Anthropic's
     envelope, an over-long prompt in the wording agent clients act on."""
     try:
-        return await _serve(request, _trimmed(MESSAGES), messages.parse, _anthropic_event)
+        return await _serve(request, _trimmed(MESSAGES), messages.parse_create, _anthropic_event)
     except ProxyError as exc:
         request_facts(request).error = exc.code  # for the access line
         return anthropic_response(exc)
@@ -261,6 +261,13 @@ def dialect_routes() -> list[Route]:
             response_chain.retrieve_response,
             methods=["GET"],
             summary="A response this proxy stored (previous_response_id)",
+            tags=["openai"],
+        ),
+        APIRoute(
+            RESPONSES_PATH + "/{response_id}/input_items",
+            response_chain.list_input_items,
+            methods=["GET"],
+            summary="Input items of a stored response: not served (JSON 404)",
             tags=["openai"],
         ),
         APIRoute(
