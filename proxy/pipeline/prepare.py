@@ -30,6 +30,7 @@ from proxy.errors import (
     no_room_for_prompt,
 )
 from proxy.floor import floor_over, size_floor
+from proxy.ladder_step import chat_ladder
 from proxy.logs import RequestFacts
 from proxy.metrics import OTHER_MODEL, ModelSeries
 from proxy.sessions.gate import SESSION_ID
@@ -379,7 +380,9 @@ async def prepare(
     if fits_whole(count.total, budget, settings.max_history_turns, history_start):
         forwarded, dropped, body, reason = count.total, 0, untrimmed(raw, chat, upstream), None
     else:
-        trimmed = await _trimmed(svc, chat, raw, upstream, count, limit, history_start, metrics)
+        trimmed = await chat_ladder(
+            svc, chat, raw, upstream, count, limit, history_start, metrics, out, facts
+        ) or await _trimmed(svc, chat, raw, upstream, count, limit, history_start, metrics)
         forwarded, dropped, body, reason, proved_in = trimmed
         counted_in += proved_in
     note_forwarded(metrics, facts, out, forwarded, dropped)

@@ -20,6 +20,7 @@ from proxy.dependencies import Services
 from proxy.dialects import responses
 from proxy.dialects.conversation import Conversation
 from proxy.errors import context_length_exceeded
+from proxy.ladder_step import conversation_ladder
 from proxy.logs import RequestFacts
 from proxy.pipeline.prepare import (
     Prepared,
@@ -150,8 +151,13 @@ async def prepare_conversation(
     metrics = await model_series(svc, conv.model, w.endpoint)
     metrics.prompt_received.observe(count.total)
     facts.prompt_tokens_received = count.total
+    shown = conv  # the conversation the body is rendered from (cleared outputs in place)
     if fits_whole(count.total, budget, svc.settings.max_history_turns, history_start):
         result = TrimResult(tuple(range(len(conv.items))), count.total, None)
+    elif climbed := await conversation_ladder(
+        svc, w, conv, count, limit, history_start, metrics, out, facts
+    ):
+        result, shown = climbed
     else:
         policy, result = trim_to(svc.settings, conv.roles, count, limit, history_start)
         if not svc.counter.additive:
@@ -166,7 +172,8 @@ async def prepare_conversation(
     reason = (result.reason or "budget") if dropped else None
     if dropped:
         metrics.trimmed(dropped, max(0, count.total - result.tokens), reason or "budget")
-    body = raw if not dropped and cap is None else w.render(conv, result.kept, cap)
+    changed = dropped or cap is not None or shown is not conv
+    body = w.render(shown, result.kept, cap) if changed else raw
     note_forwarded(metrics, facts, out, result.tokens, dropped)
     return Prepared(
         body=body, received_tokens=count.total, forwarded_tokens=result.tokens,
