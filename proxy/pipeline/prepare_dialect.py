@@ -39,7 +39,7 @@ from proxy.pipeline.prepare import (
 )
 from proxy.sessions.identity import Identity
 from proxy.trimming import TrimResult, fits_whole
-from proxy.types import JSONObject, Message, PromptCount
+from proxy.types import JSONObject, Message, PromptCount, PromptLimit
 
 #: The headers coding agents name their conversation by, read on the dialects' routes
 #: when ``TRIMPROXY_SESSION_HEADER`` is absent: the Codex CLI sends ``session_id``
@@ -120,6 +120,25 @@ def session_view(conv: Conversation) -> list[Message]:
     return [{"role": r, "content": item} for r, item in zip(roles, conv.items, strict=True)]
 
 
+async def _whole_turns(
+    svc: Services,
+    w: Wire,
+    conv: Conversation,
+    count: PromptCount,
+    limit: PromptLimit | None,
+    history_start: int,
+) -> tuple[TrimResult, float]:
+    """Rung 2 alone (whole oldest turns), proved with a recount where the counter is not
+    additive; the seconds the proof took."""
+    policy, result = trim_to(svc.settings, conv.roles, count, limit, history_start)
+    if svc.counter.additive:
+        return result, 0.0
+    recount = _recount(svc, w, conv)
+    began = time.monotonic()
+    result, tokens = await prove_fits(conv.roles, recount, count, policy, history_start, result)
+    return replace(result, tokens=tokens), time.monotonic() - began
+
+
 async def prepare_conversation(
     w: Wire, conv: Conversation, raw: bytes, headers: Mapping[str, str], svc: Services,
     facts: RequestFacts, *, chain: Identity | None = None,
@@ -159,15 +178,8 @@ async def prepare_conversation(
     ):
         result, shown = climbed
     else:
-        policy, result = trim_to(svc.settings, conv.roles, count, limit, history_start)
-        if not svc.counter.additive:
-            recount = _recount(svc, w, conv)
-            began = time.monotonic()
-            result, tokens = await prove_fits(
-                conv.roles, recount, count, policy, history_start, result
-            )
-            counted_in += time.monotonic() - began
-            result = replace(result, tokens=tokens)
+        result, proving = await _whole_turns(svc, w, conv, count, limit, history_start)
+        counted_in += proving
     dropped = result.dropped(len(conv.items))
     reason = (result.reason or "budget") if dropped else None
     if dropped:
