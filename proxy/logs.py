@@ -44,6 +44,8 @@ class RequestFacts:
     prompt_tokens_received: int | None = None
     prompt_tokens_forwarded: int | None = None
     messages_dropped: int | None = None
+    tool_outputs_cleared: int | None = None
+    """Tool outputs the trim ladder cleared (docs/architecture.md §6)."""
     upstream_ttfb: float | None = None
     session_id: str | None = None
     """The session id in clear; only its hash is logged."""
@@ -79,6 +81,8 @@ class RequestFacts:
             out["prompt_tokens_forwarded"] = self.prompt_tokens_forwarded
         if self.messages_dropped is not None:
             out["messages_dropped"] = self.messages_dropped
+        if self.tool_outputs_cleared:
+            out["tool_outputs_cleared"] = self.tool_outputs_cleared
         if self.upstream_ttfb is not None:
             out["upstream_ttfb_ms"] = round(self.upstream_ttfb * 1000.0, 3)
         if self.session_id:

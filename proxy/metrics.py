@@ -172,6 +172,20 @@ class Metrics:
             ("model", "endpoint"),
             r,
         )
+        self.cleared_outputs = counter_family(
+            plain,
+            "trimproxy_cleared_tool_outputs",
+            "Tool outputs whose content the trim ladder cleared, by endpoint.",
+            ("endpoint",),
+            r,
+        )
+        self.cleared_output_tokens = counter_family(
+            plain,
+            "trimproxy_cleared_tool_output_tokens",
+            "Prompt tokens the cleared tool outputs held beyond their placeholders.",
+            ("endpoint",),
+            r,
+        )
         self.trim_events = counter_family(
             plain,
             "trimproxy_trim_events",
@@ -496,6 +510,8 @@ class ModelSeries:
     """The per-request series of one model on one endpoint, resolved once."""
 
     __slots__ = (
+        "_cleared_outputs",
+        "_cleared_tokens",
         "_trim_events",
         "_trim_reasons",
         "endpoint",
@@ -519,6 +535,14 @@ class ModelSeries:
         self.ttfb = metrics.upstream_ttfb.labels(route)
         self._trim_events = metrics.trim_events
         self._trim_reasons: dict[str, CounterChild] = {}
+        self._cleared_outputs = metrics.cleared_outputs.labels(endpoint)
+        self._cleared_tokens = metrics.cleared_output_tokens.labels(endpoint)
+
+    def cleared(self, outputs: int, tokens: int) -> None:
+        """One request whose tool outputs the trim ladder cleared: how many, and the
+        tokens they held beyond their placeholders."""
+        self._cleared_outputs.inc(outputs)
+        self._cleared_tokens.inc(tokens)
 
     def trimmed(self, messages: int, tokens: int, reason: str) -> None:
         """One trimmed request: the messages and prompt tokens it dropped, and why."""

@@ -79,6 +79,14 @@ class Settings(BaseSettings):
     pin_first_user: bool = Field(
         False, description="Always keep the first user turn (constraints stated early)."
     )
+    clear_tool_outputs: Literal["auto", "off"] = Field(
+        "auto",
+        description="The trim ladder's first rung: clear the content of the oldest tool "
+        "outputs before dropping whole turns; off keeps the whole-turn trim alone.",
+    )
+    keep_tool_outputs: int = Field(
+        3, ge=0, description="The latest tool outputs the trim ladder never clears."
+    )
 
     session_max_turns: int | None = Field(
         None, ge=1, description="User turns a session may run before the limit action."

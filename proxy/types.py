@@ -73,7 +73,7 @@ class PromptLimit:
 
 class Asking(Protocol):
     """What the budget and the completion allowance read of a request, whatever its
-    dialect (``proxy.chat.ChatRequest``, ``proxy.dialects.Conversation``)."""
+    dialect (``proxy.dialects.chat.ChatRequest``, ``proxy.dialects.Conversation``)."""
 
     @property
     def model(self) -> str | None: ...

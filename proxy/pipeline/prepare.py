@@ -28,6 +28,7 @@ from proxy.choices import Endpoint
 from proxy.dependencies import Services
 from proxy.dialects.conversation import Conversation
 from proxy.errors import InvalidRequest, ProxyError, context_length_exceeded
+from proxy.ladder_step import conversation_ladder
 from proxy.logs import RequestFacts
 from proxy.metrics import OTHER_MODEL, ModelSeries
 from proxy.pipeline.dialect import ChatView, Dialect
@@ -108,6 +109,9 @@ class Kept:
     dropped: int = 0
     reason: str | None = None
     proved_in: float = 0.0
+    shown: Conversation | None = None
+    """The conversation to render the kept items from, when the ladder cleared tool
+    outputs in a copy of it."""
 
 
 async def model_series(
@@ -161,7 +165,7 @@ async def prepare(
     metrics.prompt_received.observe(count.total)
     facts.prompt_tokens_received = count.total
     # None: it fits whole, and nothing more is built (chat's fast path, docs/performance.md §6).
-    kept = await _keep(dialect, conv, count, limit, session.history_start, svc, metrics)
+    kept = await _keep(dialect, conv, count, limit, session.history_start, svc, metrics, out, facts)
     if dialect.count_prompts is not None:  # each prompt is a request of its own
         allowance = replace(allowance, n=allowance.n * len(count.per_message))
     forwarded = count.total if kept is None else kept.result.tokens
@@ -191,10 +195,16 @@ def _body(
 ) -> bytes:
     """What goes upstream: the client's bytes when nothing was dropped and no cap
     written, else the dialect's render of the kept items."""
-    dropped = 0 if kept is None else kept.dropped
-    if not dropped and cap is None and dialect.forwards_raw:
+    if kept is None:
+        return (
+            raw
+            if cap is None and dialect.forwards_raw
+            else dialect.render(conv, range(len(conv.items)), cap)
+        )
+    shown = conv if kept.shown is None else kept.shown
+    if not kept.dropped and cap is None and dialect.forwards_raw and shown is conv:
         return raw
-    return dialect.render(conv, range(len(conv.items)) if kept is None else kept.result.kept, cap)
+    return dialect.render(shown, kept.result.kept, cap)
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,14 +250,24 @@ async def _keep(
     history_start: int,
     svc: Services,
     metrics: ModelSeries,
+    out: dict[str, str],
+    facts: RequestFacts,
 ) -> Kept | None:
-    """What is kept: None when everything fits whole, else the trim (its drops in the
-    metrics); a raw prompt whole or refused."""
+    """What is kept: None when everything fits whole, else the trim ladder (old tool
+    outputs cleared first, docs/architecture.md §6) or the trim, their drops in the
+    metrics; a raw prompt whole or refused."""
     if dialect.count_prompts is not None:
         return Kept(_refused_over(count, limit))
     budget = None if limit is None else limit.budget
     if fits_whole(count.total, budget, svc.settings.max_history_turns, history_start):
         return None
+    climbed = await conversation_ladder(
+        svc, dialect, conv, count, limit, history_start, metrics, out, facts
+    )
+    if climbed is not None:  # the ladder notes its own drops
+        result, shown = climbed
+        dropped = len(conv.items) - len(result.kept)
+        return Kept(result, dropped, result.reason if dropped else None, shown=shown)
     kept = await _trim(dialect, conv, count, limit, history_start, svc)
     result = kept.result
     kept.dropped = len(conv.items) - len(result.kept)

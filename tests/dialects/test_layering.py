@@ -1,6 +1,7 @@
 """proxy/dialects is a low layer: besides the standard library and orjson it imports
-only proxy.types, proxy.errors, proxy.trimming, proxy.body, proxy.choices (named values,
-importing nothing) and its own modules."""
+only proxy.types, proxy.errors, proxy.trimming, proxy.ladder (the pure trim ladder, over
+trimming: a dialect's tool outputs are cleared with its placeholder), proxy.body,
+proxy.choices (named values, importing nothing) and its own modules."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ ALLOWED = {
     "proxy.types",
     "proxy.errors",
     "proxy.trimming",
+    "proxy.ladder",
     "proxy.body",
     "proxy.choices",
     "orjson",

@@ -1,0 +1,185 @@
+"""The trim ladder on the request path (docs/architecture.md §6, the trim ladder): the
+glue between the prepare steps and the pure ``proxy.ladder``.
+
+A prompt over its budget that holds tool outputs climbs the ladder here, under
+``TRIMPROXY_CLEAR_TOOL_OUTPUTS=auto``; every other prompt goes ``proxy.trimming``'s
+way as before (the callers' own path: these functions answer None). Each output is
+counted cleared once (only the placeholders are new text: every other item keeps the
+count it had), and a counter that is not additive gets the forwarded form recounted,
+the budget tightened by any excess, as ``proxy.pipeline.prepare.prove_fits`` does for turns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+import orjson
+
+from proxy.dependencies import Services
+from proxy.dialects.conversation import Conversation
+from proxy.dialects.tool_outputs import BY_ENDPOINT, ToolOutputs, placeholder_of
+from proxy.errors import ContextLengthExceeded, context_length_exceeded
+from proxy.ladder import CLEARED, Climb, climb, placeholder, with_cleared
+from proxy.logs import RequestFacts
+from proxy.metrics import ModelSeries
+from proxy.trimming import TrimPolicy, TrimResult
+from proxy.types import JSONObject, Message, PromptCount, PromptLimit
+
+#: Response header: how many tool outputs the trim ladder cleared.
+CLEARED_TOOL_OUTPUTS = "x-trimproxy-cleared-tool-outputs"
+# Rounds of recount-and-tighten before giving up on a non-additive counter.
+_RECOUNTS = 4
+
+#: The count of what ``Climb`` forwards, as the engine renders it.
+Recount = Callable[[Climb], Awaitable[int]]
+
+
+def _policy(svc: Services, limit: PromptLimit) -> TrimPolicy:
+    settings = svc.settings
+    return TrimPolicy(
+        budget=limit.budget,
+        target=settings.trim_target,
+        max_history_turns=settings.max_history_turns,
+        pin_first_user=settings.pin_first_user,
+        limit=limit,
+    )
+
+
+async def _proved(
+    svc: Services,
+    roles: Sequence[Message],
+    count: PromptCount,
+    outputs: Sequence[int],
+    cleared: Sequence[int],
+    policy: TrimPolicy,
+    history_start: int,
+    recount: Recount,
+) -> Climb:
+    """The ladder's answer, recounted when the counter is not additive: over the
+    budget, the budget is tightened by the excess and the ladder climbed again."""
+    keep = svc.settings.keep_tool_outputs
+    climbed = climb(roles, count, outputs, cleared, policy, keep=keep, history_start=history_start)
+    if svc.counter.additive:
+        return climbed
+    budget = policy.budget
+    assert budget is not None
+    tightened = policy
+    actual = climbed.tokens
+    for _ in range(_RECOUNTS):
+        actual = await recount(climbed)
+        if actual <= budget:
+            climbed.tokens = actual
+            return climbed
+        excess = actual - climbed.tokens
+        tightened = replace(tightened, budget=(tightened.budget or budget) - excess)
+        try:
+            climbed = climb(roles, count, outputs, cleared, tightened, keep=keep,
+                            history_start=history_start)  # fmt: skip
+        except ContextLengthExceeded:
+            break
+    raise context_length_exceeded(actual, policy.limit or PromptLimit(budget))
+
+
+def _note(
+    climbed: Climb,
+    total: int,
+    received: int,
+    metrics: ModelSeries,
+    out: dict[str, str],
+    facts: RequestFacts,
+) -> int:
+    """The ladder's facts in the metrics, the header and the access line: the
+    messages (or items) dropped."""
+    dropped = climbed.dropped(total)
+    if dropped:
+        metrics.trimmed(dropped, max(0, received - climbed.tokens), _reason(climbed))
+    if climbed.cleared:
+        metrics.cleared(len(climbed.cleared), climbed.cleared_tokens)
+    out[CLEARED_TOOL_OUTPUTS] = str(len(climbed.cleared))
+    facts.tool_outputs_cleared = len(climbed.cleared)
+    return dropped
+
+
+async def cleared_counts(
+    svc: Services, kind: ToolOutputs, items: Sequence[Any], outputs: Sequence[int],
+    per: Sequence[int], model: str | None,
+) -> list[int]:  # fmt: skip
+    """Each output's count once cleared: its count less what its content weighs, plus
+    what the placeholder weighs, both counted as the content of a bare message (the
+    framing cancels out). The contents are the client's own strings, counted on every
+    request of the conversation: a counter's cache has them, and only the placeholders
+    are new (docs/architecture.md §6)."""
+    content = kind.content
+    texts: list[Message] = [
+        {"role": "tool", "content": c if c.__class__ is str else _text(c)}
+        for c in map(content, map(items.__getitem__, outputs))
+    ]
+    if kind.cleared is not placeholder_of:
+        texts += [
+            {"role": "tool", "content": _text(kind.cleared(items[i], per[i]))} for i in outputs
+        ]
+        counted = (await svc.counter.count(texts, model=model)).per_message
+        n = len(outputs)
+        return [per[i] - counted[j] + counted[n + j] for j, i in enumerate(outputs)]
+    # A placeholder's count depends on its number's digits alone (every counter here
+    # counts a run of digits by its length): one count a length, not one an output.
+    lengths = sorted({len(str(per[i])) for i in outputs})
+    texts += [{"role": "tool", "content": placeholder(10 ** (d - 1))} for d in lengths]
+    counted = (await svc.counter.count(texts, model=model)).per_message
+    n = len(outputs)
+    by_length = {d: counted[n + j] for j, d in enumerate(lengths)}
+    return [per[i] - counted[j] + by_length[len(str(per[i]))] for j, i in enumerate(outputs)]
+
+
+def _text(content: Any) -> str:
+    return content if isinstance(content, str) else orjson.dumps(content).decode()
+
+
+def _reason(climbed: Climb) -> str:
+    """Why items were dropped: ``proxy.trimming``'s reason (a budget, a turn limit, a
+    session's reset)."""
+    reason = climbed.reason
+    return reason if reason is not None and reason != CLEARED else "budget"
+
+
+async def conversation_ladder(
+    svc: Services,
+    w: Any,
+    conv: Conversation,
+    count: PromptCount,
+    limit: PromptLimit | None,
+    history_start: int,
+    metrics: ModelSeries,
+    out: dict[str, str],
+    facts: RequestFacts,
+) -> tuple[TrimResult, Conversation] | None:
+    """A dialect's prompt over its budget through the ladder (``w``: the dialect's
+    ``proxy.pipeline.prepare_dialect.Wire``): the kept items and the conversation to render
+    them from, the cleared outputs in place; None when the ladder is off or the
+    prompt holds no tool output."""
+    kind: ToolOutputs | None = BY_ENDPOINT.get(w.endpoint)
+    on = kind is not None and svc.settings.clear_tool_outputs == "auto"
+    outputs = kind.find(conv.items) if kind is not None and on else []
+    if limit is None or kind is None or not outputs:
+        return None
+    per = count.per_message
+    cleared = await cleared_counts(svc, kind, conv.items, outputs, per, conv.model)
+
+    def rendered(climbed: Climb) -> Conversation:
+        return replace(conv, items=with_cleared(conv.items, climbed.cleared, kind.clear, per))
+
+    async def recount(climbed: Climb) -> int:
+        shown = rendered(climbed)
+        chat_messages, _ = w.to_chat(shown, climbed.kept)
+        tools: list[JSONObject] | None = w.tools(shown, climbed.kept)
+        return (await svc.counter.count(chat_messages, tools=tools, model=conv.model)).total
+
+    policy = _policy(svc, limit)
+    climbed = await _proved(
+        svc, conv.roles, count, outputs, cleared, policy, history_start, recount
+    )
+    dropped = _note(climbed, len(conv.items), count.total, metrics, out, facts)
+    result = TrimResult(climbed.kept, climbed.tokens, _reason(climbed) if dropped else None)
+    return result, (rendered(climbed) if climbed.cleared else conv)
