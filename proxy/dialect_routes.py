@@ -16,6 +16,7 @@ from starlette.routing import Route
 from proxy import response_chain
 from proxy.admission import MESSAGES_ANSWER, RESPONSES_ANSWER
 from proxy.breakoff import sse_error_event
+from proxy.compaction import route as compaction
 from proxy.dependencies import Services, services
 from proxy.dialects import anthropic_errors, completions, messages, messages_chat, responses
 from proxy.dialects.conversation import Conversation
@@ -76,6 +77,12 @@ async def _serve(
     if linked is not None:
         conv, raw = linked.conv, linked.raw
         prepare = _trimmed(RESPONSES, linked.session)
+    # Responses: compaction items expanded, or compaction answered (§24).
+    step = await compaction.step(request, svc, conv, raw) if chained else None
+    if step is not None:
+        if step.answer is not None:
+            return step.answer
+        conv, raw = step.conv, step.raw
     prepared = await prepare(conv, raw, request.headers, svc, facts)
     headers = svc.upstream.transport.request_headers(request.scope["headers"])
     headers["content-type"] = JSON_MEDIA_TYPE
@@ -92,7 +99,8 @@ async def _serve(
     sent = await forward(svc, out, client_gone, facts, prepared)
     # A JSON answer is kept (up to a bound) to compare its usage with the count.
     capture = 0 if conv.stream else USAGE_CAPTURE_BYTES
-    relay = Relay(sent, client_gone, capture_limit=capture, error_event=error_event)
+    relay: Response = Relay(sent, client_gone, capture_limit=capture, error_event=error_event)
+    relay = step.wrap(relay) if step is not None else relay
     if linked is None:
         return relay
     return response_chain.keeping(svc, request.headers, linked, relay, sent, prepared, facts)
@@ -181,6 +189,13 @@ def dialect_routes() -> list[Route]:
             methods=["POST"],
             summary="Anthropic Messages API, trimmed to the token budget",
             tags=["anthropic"],
+        ),
+        APIRoute(
+            RESPONSES_PATH + "/compact",
+            compaction.compact_response,
+            methods=["POST"],
+            summary="Compact a conversation into a compaction item (no engine call)",
+            tags=["openai"],
         ),
         APIRoute(
             RESPONSES_PATH + "/{response_id}",

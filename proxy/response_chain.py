@@ -35,7 +35,6 @@ from proxy.errors import InvalidRequest
 from proxy.forward import Sent
 from proxy.logs import RequestFacts
 from proxy.prepare import Prepared
-from proxy.relay import Relay
 from proxy.sessions.identity import Identity
 from proxy.types import JSON_MEDIA_TYPE, JSONObject
 
@@ -104,7 +103,7 @@ def keeping(
     svc: Services,
     headers: Mapping[str, str],
     linked: Link,
-    relay: Relay,
+    relay: Response,
     sent: Sent,
     prepared: Prepared,
     facts: RequestFacts,
@@ -193,7 +192,7 @@ class Keeping(Response):
 
     def __init__(
         self,
-        relay: Relay,
+        relay: Response,
         capture: JsonCapture | SseCapture,
         store: Callable[[JSONObject], Awaitable[None]],
     ) -> None:
