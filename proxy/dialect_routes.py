@@ -11,9 +11,9 @@ import orjson
 from fastapi.routing import APIRoute
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
 
-from proxy import response_chain
+from proxy import response_chain, responses_socket
 from proxy.admission import MESSAGES_ANSWER, RESPONSES_ANSWER
 from proxy.breakoff import sse_error_event
 from proxy.compaction import route as compaction
@@ -173,9 +173,10 @@ def anthropic_response(exc: ProxyError) -> Response:
     )
 
 
-def dialect_routes() -> list[Route]:
+def dialect_routes() -> list[Route | WebSocketRoute]:
     """The dialects' routes, ahead of the relayed rest of ``/v1/``."""
     return [
+        WebSocketRoute(RESPONSES_PATH, responses_socket.responses_socket),
         APIRoute(
             RESPONSES_PATH,
             create_response,
