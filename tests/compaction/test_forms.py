@@ -132,3 +132,48 @@ def test_compaction_trigger_answers_exactly_one_item(
     assert [i.type for i in response.output] == ["compaction"]
     assert response.usage is not None and response.usage.input_tokens > 0
     assert sim_upstream.requests("/v1/responses") == []
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+def test_context_management_past_its_threshold_puts_the_item_first(
+    closing: Closing, proxy_server: StartProxy, sim_upstream: SimUpstream, stream: bool
+) -> None:
+    proxy = start(proxy_server)
+    client = closing(openai.OpenAI(base_url=proxy.api_base, api_key="key-a"))
+    history = agent_input(8)
+    manage = [{"type": "compaction", "compact_threshold": 200}]
+    request: dict[str, Any] = {
+        "model": "sim-model",
+        "input": history,
+        "max_output_tokens": 64,
+        "extra_body": {"context_management": manage},
+    }
+    if stream:
+        events = list(client.responses.create(stream=True, **request))
+        kinds = [e.type for e in events]
+        # Where OpenAI's comes: added and done right after response.created, the
+        # answer's own items after it, every sequence number in order.
+        assert kinds[:3] == [
+            "response.created",
+            "response.output_item.added",
+            "response.output_item.done",
+        ]
+        assert events[1].output_index == 0 and events[1].item.type == "compaction"
+        message = [e for e in events if e.type == "response.output_item.added"][1]
+        assert message.output_index == 1
+        assert [e.sequence_number for e in events] == list(range(len(events)))
+        response = events[-1].response
+    else:
+        response = client.responses.create(**request)
+    assert [i.type for i in response.output] == ["compaction", "message"]
+    (body,) = sent_bodies(sim_upstream)
+    assert "context_management" not in body
+    assert compaction_items(body) == []
+    outputs = [i["output"] for i in body["input"] if i["type"] == "function_call_output"]
+    assert sum(o.startswith("[tool output cleared") for o in outputs) == 5  # pruned
+    # Under the threshold: nothing made, the input as sent.
+    sim_upstream.clear()
+    manage[0]["compact_threshold"] = 100_000
+    plain = client.responses.create(**{**request, "stream": False})
+    assert [i.type for i in plain.output] == ["message"]
+    assert sent_bodies(sim_upstream)[0]["input"] == history
