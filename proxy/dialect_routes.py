@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
 
-from proxy import response_chain, responses_socket
+from proxy import response_chain, truncation
 from proxy.admission import MESSAGES_ANSWER, RESPONSES_ANSWER
 from proxy.breakoff import sse_error_event
 from proxy.compaction import route as compaction
@@ -27,6 +27,7 @@ from proxy.prepare import Prepared, note_model
 from proxy.prepare_completion import prepare_completion
 from proxy.prepare_dialect import Wire, input_tokens, prepare_conversation, wire
 from proxy.relay import STREAM_WATCH_DELAY, WATCH_DELAY, Relay, watch_disconnect
+from proxy.responses_routes import responses_routes
 from proxy.routes import USAGE_CAPTURE_BYTES, read_body
 from proxy.sessions.identity import Identity
 from proxy.types import JSON_MEDIA_TYPE
@@ -84,6 +85,8 @@ async def _serve(
             return step.answer
         conv, raw = step.conv, step.raw
     prepared = await prepare(conv, raw, request.headers, svc, facts)
+    if chained:
+        truncation.check(conv, prepared)  # Responses: 'truncation': 'disabled' (§24)
     headers = svc.upstream.transport.request_headers(request.scope["headers"])
     headers["content-type"] = JSON_MEDIA_TYPE
     client_gone = watch_disconnect(
@@ -176,7 +179,7 @@ def anthropic_response(exc: ProxyError) -> Response:
 def dialect_routes() -> list[Route | WebSocketRoute]:
     """The dialects' routes, ahead of the relayed rest of ``/v1/``."""
     return [
-        WebSocketRoute(RESPONSES_PATH, responses_socket.responses_socket),
+        *responses_routes(),
         APIRoute(
             RESPONSES_PATH,
             create_response,
@@ -190,13 +193,6 @@ def dialect_routes() -> list[Route | WebSocketRoute]:
             methods=["POST"],
             summary="Anthropic Messages API, trimmed to the token budget",
             tags=["anthropic"],
-        ),
-        APIRoute(
-            RESPONSES_PATH + "/compact",
-            compaction.compact_response,
-            methods=["POST"],
-            summary="Compact a conversation into a compaction item (no engine call)",
-            tags=["openai"],
         ),
         APIRoute(
             RESPONSES_PATH + "/{response_id}",
