@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import httpx
 import openai
 import pytest
 
@@ -12,6 +15,11 @@ from tests.support.closing import Closing
 from tests.support.sim import SimUpstream
 
 BUDGET = 300
+
+
+def text(item: Any) -> str:
+    content = item.model_dump(mode="json", warnings=False)["content"]
+    return str(content[0]["text"])
 
 
 def test_input_items_pages_the_stored_input(
@@ -29,13 +37,19 @@ def test_input_items_pages_the_stored_input(
         previous_response_id=first.id,
     )
     listed = client.responses.input_items.list(first.id, order="asc")
-    assert [i.content[0].text for i in listed.data] == said[:3]  # type: ignore[union-attr]
+    assert [text(i) for i in listed.data] == said[:3]
     assert listed.has_more is False
-    assert listed.first_id == listed.data[0].id and listed.last_id == listed.data[-1].id
+    raw = httpx.get(
+        f"{proxy.api_base}/responses/{first.id}/input_items",
+        headers={"authorization": "Bearer key-a"},
+        timeout=10,
+    ).json()
+    assert raw["object"] == "list"
+    assert raw["first_id"] == raw["data"][0]["id"] and raw["last_id"] == raw["data"][-1]["id"]
     # The second's input: its chain expanded (first's input and answer), then its own;
     # newest first by default, in pages.
     page = client.responses.input_items.list(second.id, limit=2)
-    assert [i.content[0].text for i in page.data] == said[:2:-1]  # type: ignore[union-attr]
+    assert [text(i) for i in page.data] == said[:2:-1]
     assert page.has_more is True
     everything = list(client.responses.input_items.list(second.id, limit=2))
     assert len(everything) == 6
@@ -62,14 +76,14 @@ def test_truncation_disabled_is_refused_rather_than_trimmed(
         for n in range(9)
     ]
     with pytest.raises(openai.BadRequestError) as refused:
-        client.responses.create(model="sim-model", input=long, truncation="disabled")  # type: ignore[arg-type]
+        client.responses.create(model="sim-model", input=long, truncation="disabled")  # type: ignore[call-overload]
     assert refused.value.code == "context_length_exceeded"
     assert "'truncation' is 'disabled'" in refused.value.message
     assert sim_upstream.requests("/v1/responses") == []
     # 'auto', or none: trimmed to the budget as ever.
     for truncation in ("auto", None):
         extra = {"truncation": truncation} if truncation else {}
-        done = client.responses.create(model="sim-model", input=long, **extra)  # type: ignore[arg-type]
+        done = client.responses.create(model="sim-model", input=long, **extra)  # type: ignore[call-overload]
         assert done.status in ("completed", "incomplete")
     assert all(len(b["input"]) < len(long) for b in sent_bodies(sim_upstream))
     # Within the budget, 'disabled' is served.
