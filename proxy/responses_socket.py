@@ -58,6 +58,17 @@ class _Relay:
     tail: bytes = b""
     whole: list[bytes] = field(default_factory=list)
     completed: JSONObject | None = None
+    closed: bool = False
+
+    async def send(self, message: JSONObject) -> None:
+        """One message to the client; once it has gone, nothing more (the route sees
+        its disconnect and lets the engine go)."""
+        if self.closed:
+            return
+        try:
+            await self.socket.send_text(orjson.dumps(message).decode())
+        except (WebSocketDisconnect, RuntimeError):
+            self.closed = True
 
     async def sink(self, message: Message) -> None:
         if message["type"] == "http.response.start":
@@ -95,7 +106,7 @@ class _Relay:
         elif event.get("type") == "response.completed":
             response = event.get("response")
             self.completed = response if isinstance(response, dict) else None
-        await self.socket.send_text(orjson.dumps(event).decode())
+        await self.send(event)
 
     async def end(self) -> None:
         """An answer that was not a stream: the client's error message."""
@@ -109,7 +120,7 @@ class _Relay:
         retry = self.headers.get(b"retry-after")
         if retry is not None:
             message["headers"] = {"retry-after": retry.decode("latin-1")}
-        await self.socket.send_text(orjson.dumps(message).decode())
+        await self.send(message)
 
 
 def _error(exc: InvalidRequest) -> str:

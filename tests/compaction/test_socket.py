@@ -102,3 +102,19 @@ def test_the_socket_checks_the_api_key_on_every_message(
     with connect(ws_url(proxy), additional_headers=KEY) as ws:
         assert create(ws, input="hi")[-1]["type"] == "response.completed"
     assert len(sim_upstream.requests("/v1/responses")) == 1
+
+
+def test_a_socket_closed_mid_answer_lets_the_engine_go(
+    proxy_server: StartProxy, sim_upstream: SimUpstream
+) -> None:
+    proxy = start(proxy_server)
+    sim_upstream.configure(tokens_per_second=4, completion_tokens=200)
+    with connect(ws_url(proxy), additional_headers=KEY) as ws:
+        request = {"type": "response.create", "model": "sim-model", "input": "a long story"}
+        ws.send(json.dumps({**request, "max_output_tokens": 200}))
+        assert json.loads(ws.recv(timeout=30))["type"] == "response.created"
+    # Waited on, not timed: the engine's request ended by the disconnect, long (50 s)
+    # before its answer would have.
+    sim_upstream.wait_for_state(lambda s: s["disconnects"] == 1 and s["running"] == 0, 30.0)
+    (record,) = sim_upstream.requests("/v1/responses")
+    assert record["disconnected"] is True
