@@ -22,8 +22,11 @@ KEEP_OUTPUTS = 3
 KEPT_ROLES = frozenset(("user",))
 
 
+_CLEARED = "[tool output cleared by trimproxy: "
+
+
 def placeholder(chars: int) -> str:
-    return f"[tool output cleared by trimproxy: {chars} characters; call the tool again if needed]"
+    return f"{_CLEARED}{chars} characters; call the tool again if needed]"
 
 
 def is_kept(item: Any) -> bool:
@@ -48,8 +51,10 @@ def clear(items: Sequence[JSONObject], keep: int = KEEP_OUTPUTS) -> list[JSONObj
     cleared = set(outputs[: max(0, len(outputs) - keep)])
     out: list[JSONObject] = []
     for i, item in enumerate(items):
-        if i in cleared:
-            content = item.get("output")
+        content = item.get("output")
+        # One cleared before (an item compacted again) stays as it was: the same
+        # bytes, so the engine's prefix cache still holds it.
+        if i in cleared and not (isinstance(content, str) and content.startswith(_CLEARED)):
             size = len(content) if isinstance(content, str) else len(str(content))
             item = {**item, "output": placeholder(size)}
         out.append(item)
