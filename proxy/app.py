@@ -14,11 +14,9 @@ from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
 import proxy
-from proxy.breakoff import RelayAborted, quiet_relay_aborts
 from proxy.chains.keeper import Keeper, build_keeper
 from proxy.compaction.key import build_sealer
 from proxy.dependencies import Services
-from proxy.dialect_routes import dialect_routes
 from proxy.dialects import anthropic_errors
 from proxy.dialects.anthropic_errors import speaks_anthropic
 from proxy.errors import ProxyError, envelope
@@ -28,7 +26,9 @@ from proxy.metrics import Metrics
 from proxy.middleware import Accounting, ApiKeys, InFlightLimit
 from proxy.models import ModelRoute, ModelRoutes, ModelsFileError, build_routes, load_models
 from proxy.openapi import DESCRIPTION
-from proxy.routes import ChatRoute, error_response, routes
+from proxy.pipeline.breakoff import RelayAborted, quiet_relay_aborts
+from proxy.pipeline.handler import ChatRoute, dialect_routes, error_response
+from proxy.routes import routes
 from proxy.sessions.gate import Sessions, build_sessions
 from proxy.settings import Settings
 from proxy.tokens.errors import ConfigError

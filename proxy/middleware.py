@@ -12,7 +12,6 @@ from urllib.parse import quote, unquote
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from proxy.breakoff import RelayAborted
 from proxy.dialects import anthropic_errors
 from proxy.dialects.anthropic_errors import speaks_anthropic
 from proxy.errors import InvalidApiKey, InvalidRequest, Overloaded, ProxyError
@@ -25,6 +24,7 @@ from proxy.logs import (
 )
 from proxy.metrics import KNOWN_ROUTES, Metrics, route_label
 from proxy.paths import BadPath, route
+from proxy.pipeline.breakoff import RelayAborted
 from proxy.types import JSON_MEDIA_TYPE
 
 _GUARDED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")

@@ -1,9 +1,8 @@
-"""Thin handlers: read → parse → prepare (``proxy.prepare``) → forward → relay.
-
-The handlers take the raw request and return responses directly: FastAPI's body
-validation would parse every message into models, which the proxy never needs. The
-chat route is served by ``ChatRoute`` ahead of FastAPI's router and dependency
-solving; its ``APIRoute`` is what ``/docs`` lists (and serves under a root path).
+"""The app's own routes: the ``/v1/models`` union, ``/healthz``, ``/readyz``,
+``/metrics`` and the blind relay of the rest of ``/v1/``. The prompt routes' handlers
+are the request path's (``proxy.pipeline.handler``); the chat route is served by
+``ChatRoute`` ahead of FastAPI's router, and its ``APIRoute`` here is what ``/docs``
+lists (and serves under a root path).
 """
 
 from __future__ import annotations
@@ -16,158 +15,26 @@ from fastapi.routing import APIRoute
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
 
-from proxy.chat import parse_chat
 from proxy.dependencies import Services, services
-from proxy.dialects import anthropic_errors
-from proxy.dialects.anthropic_errors import speaks_anthropic
 from proxy.engines.engine import Engine
 from proxy.errors import (
-    ClientClosedRequest,
     MethodNotAllowed,
-    ProxyError,
-    RequestTimeout,
-    RequestTooLarge,
     RouteNotFound,
     no_engine_available,
 )
-from proxy.forward import Outgoing, forward
 from proxy.logs import request_facts
 from proxy.metrics import CONTENT_TYPE
 from proxy.models import union_models
 from proxy.openapi import CHAT_BODY, CHAT_RESPONSES, HealthBody, ReadinessBody
 from proxy.paths import PROMPT_PATHS
-from proxy.prepare import prepare
-from proxy.relay import STREAM_WATCH_DELAY, WATCH_DELAY, Relay, watch_disconnect
+from proxy.pipeline.forward import Outgoing, forward
+from proxy.pipeline.handler import CHAT_PATH, chat_completions
+from proxy.pipeline.read import read_body
+from proxy.pipeline.relay import STREAM_WATCH_DELAY, WATCH_DELAY, Relay, watch_disconnect
 from proxy.types import JSON_MEDIA_TYPE
 from proxy.upstream import Readiness, Upstream, unanswered
 from proxy.upstream.readiness import ready as upstream_ready
-
-CHAT_PATH = "/v1/chat/completions"
-# A non-streaming answer up to this size is kept to compare usage with the count.
-USAGE_CAPTURE_BYTES = 1 << 20
-
-
-async def read_body(request: Request, limit: int, timeout: float | None = None) -> bytes:
-    """The whole body, at most ``limit`` bytes (413), within ``timeout`` seconds (408).
-
-    A client that leaves half-way is a 499 (``ClientClosedRequest``), logged and
-    counted as such, not a server error.
-    """
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise _too_large(int(declared), limit)
-    # The timer cancels this task; a flag tells its cancellation from anyone else's.
-    # (asyncio.timeout does the same with several times the work: docs/performance.md §6.)
-    task = asyncio.current_task()
-    fired = False
-
-    def expire() -> None:
-        nonlocal fired
-        fired = True
-        if task is not None:
-            task.cancel()
-
-    timer = None if timeout is None else asyncio.get_running_loop().call_later(timeout, expire)
-    receive = request.receive
-    chunks: list[bytes] = []
-    size = 0
-    try:
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                raise ClientClosedRequest("The client left while sending the request body.")
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                raise _too_large(size, limit)
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-    except asyncio.CancelledError:
-        if not fired or task is None or task.uncancel() > 0:
-            raise  # cancelled by someone else (a shutdown): not ours to answer
-        raise RequestTimeout(
-            f"The request body did not arrive within {timeout:g} s "
-            "(TRIMPROXY_BODY_TIMEOUT). Send the body at once, or raise the limit.",
-            headers={"connection": "close"},
-        ) from None
-    finally:
-        if timer is not None:
-            timer.cancel()
-    return b"".join(chunks)
-
-
-def _too_large(size: int, limit: int) -> RequestTooLarge:
-    return RequestTooLarge(
-        f"The request body is {size} bytes or more; this proxy accepts at most {limit} "
-        "bytes (TRIMPROXY_MAX_BODY_BYTES). Send less history or raise the limit.",
-        param="messages",
-    )
-
-
-async def chat_completions(request: Request) -> Response:
-    """read → parse → prepare → forward → relay (docs/architecture.md §1)."""
-    svc = services(request)
-    raw = await read_body(request, svc.settings.max_body_bytes, svc.settings.body_timeout)
-    chat = parse_chat(raw)
-    svc = svc.for_model(chat.model)  # TRIMPROXY_MODELS_FILE: the model's own upstream
-    facts = request_facts(request)  # for the access line
-    prepared = await prepare(chat, raw, request.headers, svc, facts)
-    headers = svc.upstream.transport.request_headers(request.scope["headers"])
-    headers["content-type"] = JSON_MEDIA_TYPE
-    # Watched from here on: a client may leave KV admission's line, and one that stops
-    # a stream is the common case (so a stream's watcher starts at once).
-    client_gone = watch_disconnect(
-        request.receive, STREAM_WATCH_DELAY if chat.stream else WATCH_DELAY
-    )
-    out = Outgoing("POST", CHAT_PATH, headers, prepared.body)
-    sent = await forward(svc, out, client_gone, facts, prepared)
-    return Relay(sent, client_gone, capture_limit=0 if chat.stream else USAGE_CAPTURE_BYTES)
-
-
-def error_response(request: Request, exc: ProxyError) -> Response:
-    """``exc`` in the envelope of the path's API (OpenAI's; Anthropic's on the Messages
-    paths); the access line is told its code."""
-    request_facts(request).error = exc.code
-    path = request.scope["path"]
-    body = anthropic_errors.error_body(exc) if speaks_anthropic(path) else exc.body()
-    return Response(body, status_code=exc.status, media_type=JSON_MEDIA_TYPE, headers=exc.headers)
-
-
-class ChatRoute:
-    """``POST /v1/chat/completions`` straight to its handler, ahead of the router.
-
-    Pure ASGI, innermost of the proxy's middleware: every request still passes the
-    accounting, the API keys and the in-flight limit, but the one route that carries
-    the traffic skips the layers between there and the handler (Starlette's
-    exception middleware, its router's matching, two exception wrappers around the
-    handler and around every ``send``; docs/architecture.md §1, docs/performance.md §6). It
-    answers a ``ProxyError`` as the app's handler does; anything else propagates to
-    the same server-error handler as before.
-    """
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        # Anything else (another method on this path too: the router answers its 405,
-        # with an Allow header) goes the usual way.
-        if (
-            scope["type"] != "http"
-            or scope["path"] != CHAT_PATH
-            or scope["method"] != "POST"
-            or scope.get("root_path")
-        ):
-            await self.app(scope, receive, send)
-            return
-        request = Request(scope, receive, send)
-        try:
-            response = await chat_completions(request)
-        except ProxyError as exc:
-            response = error_response(request, exc)
-        await response(scope, receive, send)
 
 
 async def passthrough(request: Request) -> Response:

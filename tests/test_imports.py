@@ -202,3 +202,35 @@ def test_imports_follow_the_module_map() -> None:
     assert not breaches, "imports against the layer order of docs/architecture.md §2: " + (
         ", ".join(breaches)
     )
+
+
+def folder_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle among the top-level modules and folders of ``proxy``, or None."""
+    folders: dict[str, set[str]] = {node_of(m): set() for m in graph}
+    for a, b in folder_edges(graph):
+        folders[a].add(b)
+    return find_cycle(folders)
+
+
+def test_the_folders_import_one_way() -> None:
+    cycle = folder_cycle(import_graph())
+    assert cycle is None, "import loop between folders: " + " -> ".join(cycle or [])
+
+
+#: What the request path stands on; none of it may lean on the request path.
+BELOW_THE_PIPELINE = ("upstream/", "admission/", "sessions/", "tokens/", "dialects/", "engines/")
+
+
+def test_the_request_path_stands_above_what_it_uses() -> None:
+    edges = folder_edges(import_graph())
+    leaning = sorted(
+        f"{a} -> {b}" for a, b in edges if b == "pipeline/" and a in BELOW_THE_PIPELINE
+    )
+    assert not leaning, "a low room imports the request path: " + ", ".join(leaning)
+    used = {b for a, b in edges if a == "pipeline/"}
+    assert {"upstream/", "admission/", "sessions/", "tokens/", "dialects/"} <= used
+    # The transport and KV admission share the disconnect and hop-by-hop rules from
+    # below, not from the relay (docs/architecture.md §2).
+    graph = import_graph()
+    assert "proxy.hop" in graph["proxy.upstream.transport"]
+    assert "proxy.hop" in graph["proxy.admission.gate"]

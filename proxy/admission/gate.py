@@ -20,8 +20,8 @@ from proxy.admission.ledger import AdmissionTimeout, Ledger, LedgerUnavailable, 
 from proxy.admission.need import Need
 from proxy.choices import Endpoint
 from proxy.errors import ClientClosedRequest, Overloaded, SessionStoreUnavailable
+from proxy.hop import CancelOnDisconnect
 from proxy.metrics import ENDPOINTS, Metrics
-from proxy.relay import CancelOnDisconnect
 
 log = logging.getLogger("trimproxy.admission")
 

@@ -101,7 +101,7 @@ class ApproxCounter:
     exact = False
     additive = True
     #: No estimate here gives a token more than 3.5 characters: the cheap floor
-    #: (``proxy.prepare``) may count on it.
+    #: (``proxy.pipeline.prepare``) may count on it.
     max_token_chars = 4
 
     def __init__(self, cache_bytes: int = _CACHE_BYTES) -> None:

@@ -109,7 +109,7 @@ class TiktokenCounter:
     def __init__(self, encoding: Any, *, cache_bytes: int = 16 * 1024 * 1024) -> None:
         self._enc = encoding
         #: The longest token, in bytes (so at least as long in characters): the cheap
-        #: floor on a prompt's count (``proxy.prepare``) divides by it.
+        #: floor on a prompt's count (``proxy.pipeline.prepare``) divides by it.
         self.max_token_chars = (
             max(
                 (len(b) for b in (*encoding.token_byte_values(), *encoding.special_tokens_set)),

@@ -4,7 +4,7 @@ As httpx's ``Client`` over its transport: ``Upstream`` knows the engines (one UR
 list, or a ``dns+http://`` name: ``proxy.engines``), the order a request tries them in
 (``TRIMPROXY_ROUTING``), and the engine's API the proxy itself calls (``/v1/models``,
 ``/tokenize``, FastChat's token check, ``/metrics``, readiness); ``Transport`` sends
-each request on the one session. Relaying the answer back is ``proxy.relay``.
+each request on the one session. Relaying the answer back is ``proxy.pipeline.relay``.
 """
 
 from __future__ import annotations

@@ -37,8 +37,8 @@ from proxy.errors import (
     protocol_error,
     upstream_failure,
 )
+from proxy.hop import HOP_BY_HOP, CancelOnDisconnect
 from proxy.metrics import KNOWN_ROUTES
-from proxy.relay import HOP_BY_HOP, CancelOnDisconnect
 from proxy.settings import Settings
 from proxy.types import JSON_MEDIA_TYPE
 from proxy.upstream.calls import UpstreamCallFailed, connection_failed, invalid_head
@@ -253,7 +253,7 @@ class Transport:
     ) -> ProxyError:
         """What the HTTP client raised on a forwarded request, as the 502 or 504 to
         answer, and counted: the one place upstream failures are counted. ``answer``:
-        the response whose body broke off (``proxy.relay``)."""
+        the response whose body broke off (``proxy.pipeline.relay``)."""
         if answer is None:
             where = origin or self.base_url
             error = upstream_failure(exc, where, self.read_timeout, self.connect_timeout)

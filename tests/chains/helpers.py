@@ -10,7 +10,7 @@ import openai
 import orjson
 from openai.types.responses import ResponseCompletedEvent
 
-from proxy.prepare import PROMPT_TOKENS
+from proxy.pipeline.prepare import PROMPT_TOKENS
 from tests.support.sim import SimUpstream
 
 INSTRUCTIONS = "You are terse."

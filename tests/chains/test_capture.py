@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from proxy.response_chain import JsonCapture, SseCapture
+from proxy.pipeline.chain import JsonCapture, SseCapture
 
 RESPONSE = {"id": "resp_1", "object": "response", "status": "completed", "output": [
     {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "hi"}]}

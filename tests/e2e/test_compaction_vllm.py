@@ -17,7 +17,7 @@ import openai
 import orjson
 import pytest
 
-from proxy.prepare import PROMPT_TOKENS
+from proxy.pipeline.prepare import PROMPT_TOKENS
 from tests.compaction.helpers import agent_input, dumped
 from tests.e2e.conftest import ENGINE_NICE, ENGINE_START_TIMEOUT, VLLM_API_KEY
 from tests.support.agent_engine import AgentProxies, agent_stack

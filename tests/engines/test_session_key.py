@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-import proxy.prepare
+import proxy.pipeline.prepare
 from proxy.app import create_app
 from proxy.metrics import Metrics
 from proxy.sessions.identity import identify
@@ -34,7 +34,7 @@ async def test_the_session_step_and_routing_share_one_identity(
         calls.append(ident.key)
         return ident
 
-    monkeypatch.setattr(proxy.prepare, "identify", counted)
+    monkeypatch.setattr(proxy.pipeline.prepare, "identify", counted)
     settings = make_settings(
         ",".join(s.url for s in sims),
         tokenizer="approx",

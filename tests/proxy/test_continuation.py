@@ -1,4 +1,4 @@
-"""The pieces of a continued answer (``proxy.continuation``): what a broken stream sent,
+"""The pieces of a continued answer (``proxy.pipeline.continuation``): what a broken stream sent,
 the request that continues it, and the new engine's events made part of the first
 answer. Pure functions over bytes; the whole path over HTTP is in
 tests/engines/test_continuation.py."""
@@ -11,7 +11,7 @@ import aiohttp
 import orjson
 import pytest
 
-from proxy.continuation import (
+from proxy.pipeline.continuation import (
     REASONS,
     EngineErrorEvent,
     Partial,

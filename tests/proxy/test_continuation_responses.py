@@ -1,4 +1,4 @@
-"""The Responses dialect's continuation form (``proxy.continuation_responses``): what a
+"""The Responses dialect's continuation form (``proxy.pipeline.continuation_responses``): what a
 broken Responses stream sent, the request that continues it, and the new engine's
 events made part of the first response. Pure functions over bytes; the whole path over
 HTTP is in tests/engines/test_continuation_responses.py."""
@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.continuation_responses import (
+from proxy.pipeline.continuation_responses import (
     ResponsesPartial,
     ResponsesReframe,
     continued_responses_body,

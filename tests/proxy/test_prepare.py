@@ -19,7 +19,7 @@ from proxy.dependencies import Services
 from proxy.errors import ContextLengthExceeded, SessionTurnLimit
 from proxy.logs import RequestFacts
 from proxy.metrics import Metrics
-from proxy.prepare import PROMPT_TOKENS, TRIMMED_MESSAGES, Prepared, limit_for, prepare
+from proxy.pipeline.prepare import PROMPT_TOKENS, TRIMMED_MESSAGES, Prepared, limit_for, prepare
 from proxy.sessions.gate import build_sessions
 from proxy.tokens import ApproxCounter
 from proxy.tokens.counter import TokenCounter

@@ -14,8 +14,8 @@ from proxy.admission.need import Need
 from proxy.dialects import completions
 from proxy.errors import ContextLengthExceeded, InvalidRequest
 from proxy.logs import RequestFacts
-from proxy.prepare import PROMPT_TOKENS, Prepared
-from proxy.prepare_completion import prepare_completion
+from proxy.pipeline.prepare import PROMPT_TOKENS, Prepared
+from proxy.pipeline.prepare_completion import prepare_completion
 from proxy.upstream import Upstream
 from tests.proxy.test_prepare import request_headers, sample, services, upstream
 

@@ -1,4 +1,4 @@
-"""``routes.read_body``: its own timer, told apart from anyone else's cancellation.
+"""``pipeline.read.read_body``: its own timer, told apart from anyone else's cancellation.
 
 The end-to-end 408 of a client that stalls mid-body is
 ``tests/hardening/test_stalled_clients.py``; these pin what that rests on.
@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.types import Message
 
 from proxy.errors import ClientClosedRequest, RequestTimeout, RequestTooLarge
-from proxy.routes import read_body
+from proxy.pipeline.read import read_body
 
 
 def _request(messages: list[Message], *, then_wait: bool = True) -> Request:

@@ -15,7 +15,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from proxy.app import create_app
 from proxy.metrics import Metrics
-from proxy.routes import CHAT_PATH
+from proxy.pipeline.handler import CHAT_PATH
 from tests.support.inprocess import make_settings
 from tests.support.served import served
 from tests.support.sim import SimUpstream

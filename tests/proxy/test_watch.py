@@ -1,4 +1,4 @@
-"""The disconnect watcher (``proxy.relay.watch_disconnect``): late start (at once for
+"""The disconnect watcher (``proxy.pipeline.relay.watch_disconnect``): late start (at once for
 streams), cheap cancel.
 
 The end-to-end guarantee (a client that leaves frees the upstream within 1.5 s) is
@@ -13,8 +13,9 @@ import asyncio
 import pytest
 from starlette.types import Message, Receive
 
-from proxy import dialect_routes, routes
-from proxy.relay import WATCH_DELAY, watch_disconnect
+from proxy import routes
+from proxy.pipeline import handler
+from proxy.pipeline.relay import WATCH_DELAY, watch_disconnect
 from tests.support.inprocess import StartApp
 from tests.support.sim import SimUpstream
 
@@ -101,8 +102,8 @@ async def test_a_stream_is_watched_from_the_start_a_plain_answer_later(
         delays.append(delay)
         return watch_disconnect(receive, delay)
 
+    monkeypatch.setattr(handler, "watch_disconnect", recording)
     monkeypatch.setattr(routes, "watch_disconnect", recording)
-    monkeypatch.setattr(dialect_routes, "watch_disconnect", recording)
     proxy = await app_proxy(tokenizer="approx")
     body: dict[str, object] = {"model": "sim-model", "max_tokens": 4}
     if path == "/v1/chat/completions":

@@ -75,7 +75,7 @@ class HFCounter:
         self._tok = tokenizer
         #: The longest vocabulary entry in characters (byte-level BPE spells one byte
         #: per character, so it is at least the most text one token covers): the
-        #: cheap floor on a prompt's count (``proxy.prepare``) divides by it.
+        #: cheap floor on a prompt's count (``proxy.pipeline.prepare``) divides by it.
         self.max_token_chars: int | None = max(map(len, tokenizer.get_vocab()), default=0) or None
         self._utils = chat_template_utils
         self._context = dict(chat_template_utils._plain_template_data(tokenizer.special_tokens_map))

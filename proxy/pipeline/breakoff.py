@@ -1,7 +1,7 @@
 """An upstream answer that broke off after its head went out to the client.
 
-The relay's rare path (``proxy.relay.Relay``): the answer goes on on another engine
-(``proxy.continuation``, docs/architecture.md §23), the engine's own error event is
+The relay's rare path (``proxy.pipeline.relay.Relay``): the answer goes on on another engine
+(``proxy.pipeline.continuation``, docs/architecture.md §23), the engine's own error event is
 relayed as it came, or the answer ends as it can: a stream with a final error event in
 its dialect's envelope, and every answer broken off (``RelayAborted``), so that no
 client takes a cut answer for a complete one. Kept apart from the relay's loop, which
@@ -17,9 +17,9 @@ from collections.abc import Callable
 import aiohttp
 from starlette.types import Send
 
-from proxy.continuation import BROKEN, Continuation, EngineErrorEvent
 from proxy.errors import ProxyError
-from proxy.read_deadline import ReadDeadline
+from proxy.pipeline.continuation import BROKEN, Continuation, EngineErrorEvent
+from proxy.pipeline.read_deadline import ReadDeadline
 
 log = logging.getLogger("trimproxy.upstream")
 

@@ -1,5 +1,5 @@
 """The prepare step of the dialects beside chat (docs/architecture.md §22): the same
-session, budget, count and trim as ``proxy.prepare``, over a ``Conversation``.
+session, budget, count and trim as ``proxy.pipeline.prepare``, over a ``Conversation``.
 
 A dialect's items are what trimming keeps or drops (``Conversation.roles`` is the turn
 view it reads); the engine renders them as chat messages (``Wire.to_chat``, vLLM's own
@@ -20,7 +20,7 @@ from proxy.dependencies import Services
 from proxy.dialects.conversation import Conversation
 from proxy.errors import context_length_exceeded
 from proxy.logs import RequestFacts
-from proxy.prepare import (
+from proxy.pipeline.prepare import (
     Prepared,
     Recount,
     completion_allowance,
@@ -120,7 +120,7 @@ async def prepare_conversation(
     facts: RequestFacts, *, chain: Identity | None = None,
 ) -> Prepared:  # fmt: skip
     """Session, budget, count, trim of a dialect's request: what to forward. ``chain``:
-    the session of the stored chain the request continues (``proxy.response_chain``)."""
+    the session of the stored chain the request continues (``proxy.pipeline.chain``)."""
     note_model(svc.settings.max_model_name_length, conv.model, facts, w.endpoint)
     out: dict[str, str] = {}
     view = session_view(conv)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from proxy.dialects.conversation import Conversation
 from proxy.errors import ContextLengthExceeded
-from proxy.prepare import Prepared
+from proxy.pipeline.prepare import Prepared
 
 
 def check(conv: Conversation, prepared: Prepared) -> None:

@@ -1,7 +1,7 @@
 """The forward step: a request to its engine, and what its answer holds until it ends.
 
 ``forward`` sends one request and returns a ``Sent``: the engine's response head and
-everything the answer's end must settle (the relay's one hook, ``proxy.relay.Answer``).
+everything the answer's end must settle (the relay's one hook, ``proxy.pipeline.relay.Answer``).
 A prepared request (one that carries a prompt) is routed, admitted and sent:
 
 - the lone engine of an upstream without a KV gate (``Upstream.lone``) is sent to
@@ -29,16 +29,16 @@ from dataclasses import dataclass
 import aiohttp
 
 from proxy.admission import AnswerWatch, KvAdmission, Need, Reservation, asks_usage, wait_header
-from proxy.breakoff import FailureMap
-from proxy.continuation import CHAT, Continuation, Form, SoFar
-from proxy.continuation_responses import RESPONSES_FORM
 from proxy.dependencies import Services
 from proxy.engines.engine import Engine
 from proxy.errors import ProxyError
 from proxy.logs import RequestFacts
 from proxy.metrics import OTHER_MODEL, Metrics
-from proxy.prepare import Prepared
-from proxy.relay import ChunkHook
+from proxy.pipeline.breakoff import FailureMap
+from proxy.pipeline.continuation import CHAT, Continuation, Form, SoFar
+from proxy.pipeline.continuation_responses import RESPONSES_FORM
+from proxy.pipeline.prepare import Prepared
+from proxy.pipeline.relay import ChunkHook
 from proxy.tokens import estimate_error
 from proxy.upstream import unanswered
 from proxy.upstream.failover import failover
@@ -81,7 +81,7 @@ class Sent:
     started: float = 0.0
     """``perf_counter()`` when it was forwarded (the TTFB clock)."""
     continuation: Continuation | None = None
-    """A streamed answer that may go on on another engine (``proxy.continuation``)."""
+    """A streamed answer that may go on on another engine (``proxy.pipeline.continuation``)."""
     on_first_byte: Callable[[], None] | None = None
     """The relay's first-byte hook: ``first_byte`` for a prepared request, else None.
     An attribute set where a prepared request's ``Sent`` is built, not a property: the

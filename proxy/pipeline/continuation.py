@@ -11,9 +11,9 @@ message in vLLM's continuation form (``continue_final_message: true``,
 makes the new engine's events part of the same answer: the first answer's head, no
 second role delta, usage that counts the prompt once and both parts' completion
 tokens. ``Continuation`` ties these together for the relay; moving the answer to the
-next engine (its reservation, the session) is the forward step's (``proxy.forward``).
+next engine (its reservation, the session) is the forward step's (``proxy.pipeline.forward``).
 These three make chat's ``Form``; the Responses dialect has its own
-(``proxy.continuation_responses``).
+(``proxy.pipeline.continuation_responses``).
 """
 
 from __future__ import annotations

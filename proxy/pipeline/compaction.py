@@ -35,9 +35,9 @@ from proxy.dialects import responses
 from proxy.dialects.conversation import Conversation
 from proxy.errors import InvalidRequest
 from proxy.logs import request_facts
-from proxy.prepare import note_model
-from proxy.prepare_dialect import input_tokens, wire
-from proxy.routes import read_body
+from proxy.pipeline.prepare import note_model
+from proxy.pipeline.prepare_dialect import input_tokens, wire
+from proxy.pipeline.read import read_body
 from proxy.sessions.identity import client_key
 from proxy.types import JSON_MEDIA_TYPE, JSONObject
 

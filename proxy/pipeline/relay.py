@@ -1,7 +1,7 @@
 """Relaying an upstream answer to the client, and watching for the client to leave.
 
 ``watch_disconnect`` starts watching when the request is forwarded (right before
-``proxy.forward`` sends it), after the body has been read and prepared. A request that
+``proxy.pipeline.forward`` sends it), after the body has been read and prepared. A request that
 streams is watched at once (``STREAM_WATCH_DELAY``); any other one first
 ``WATCH_DELAY`` (a quarter of a second) later, so a client that left while its prompt
 was counted is noticed then.
@@ -16,35 +16,21 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from types import TracebackType
-from typing import Any, Protocol
+from typing import Protocol
 
 import aiohttp
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from proxy.breakoff import BreakOff, FailureMap, sse_error_event
-from proxy.continuation import BROKEN, Continuation
 from proxy.errors import ProxyError
-from proxy.read_deadline import ReadDeadline
+from proxy.hop import HOP_BY_HOP, CancelOnDisconnect
+from proxy.pipeline.breakoff import BreakOff, FailureMap, sse_error_event
+from proxy.pipeline.continuation import BROKEN, Continuation
+from proxy.pipeline.read_deadline import ReadDeadline
 from proxy.types import JSON_MEDIA_TYPE
 
 log = logging.getLogger("trimproxy.upstream")
 
-# RFC 9110 section 7.6.1 hop-by-hop headers, plus the ones the proxy sets itself.
-HOP_BY_HOP = frozenset(
-    (
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-    )
-)
 _RESPONSE_DROP = frozenset(
     name.encode("latin-1") for name in HOP_BY_HOP | {"content-length", "date", "server"}
 )
@@ -55,7 +41,7 @@ ChunkHook = Callable[[bytes], None]
 
 
 class Answer(Protocol):
-    """What the relay needs of a forwarded request (``proxy.forward.Sent``): the one
+    """What the relay needs of a forwarded request (``proxy.pipeline.forward.Sent``): the one
     hook between the forward step and the relay."""
 
     @property
@@ -213,7 +199,7 @@ class Relay(Response):
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _broken(self, send: Send, exc: BaseException) -> None:
-        """The upstream broke off after the head went out (``proxy.breakoff``)."""
+        """The upstream broke off after the head went out (``proxy.pipeline.breakoff``)."""
         answer = self._answer
         rest = BreakOff(self._upstream, answer.continuation, answer.failure, self._error_event)
         try:
@@ -242,48 +228,6 @@ class Relay(Response):
             {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
         )
         await send({"type": "http.response.body", "body": body})
-
-
-class CancelOnDisconnect:
-    """Cancels the running task when the client disconnects, and swallows that
-    cancellation at the end of the block (``fired`` then says it happened).
-
-    A done-callback on the watcher does it, so waiting for the upstream needs no
-    second task and no ``asyncio.wait`` per request. The callback is disarmed on
-    exit, so a disconnect noticed later never cancels code outside the block.
-    """
-
-    def __init__(self, client_gone: asyncio.Future[None] | None) -> None:
-        self._client_gone = client_gone
-        self._task: asyncio.Task[Any] | None = None
-        self._armed = False
-        self.fired = False
-
-    def __enter__(self) -> CancelOnDisconnect:
-        if self._client_gone is not None:
-            self._task = asyncio.current_task()
-            self._armed = True
-            self._client_gone.add_done_callback(self._fire)
-        return self
-
-    def _fire(self, gone: asyncio.Future[None]) -> None:
-        if self._armed and not gone.cancelled() and self._task is not None:
-            self.fired = True
-            self._task.cancel()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool:
-        self._armed = False
-        if self._client_gone is not None:
-            self._client_gone.remove_done_callback(self._fire)
-        if self.fired and exc_type is asyncio.CancelledError and self._task is not None:
-            self._task.uncancel()
-            return True
-        return False
 
 
 #: Seconds before a request's client is watched. An answer that is over sooner (most

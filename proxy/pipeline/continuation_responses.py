@@ -1,7 +1,7 @@
 """The Responses dialect's continuation form (docs/architecture.md §23).
 
 A streamed ``POST /v1/responses`` answer of one output message goes on on the next
-engine as chat's does (``proxy.continuation``), in this dialect's shapes:
+engine as chat's does (``proxy.pipeline.continuation``), in this dialect's shapes:
 
 - ``ResponsesPartial`` reads what the client was sent: the response's head (``id``,
   ``created_at``, ``model``, ``max_output_tokens``), the message item's id, the text of
@@ -19,7 +19,7 @@ engine as chat's does (``proxy.continuation``), in this dialect's shapes:
   the closing events (``output_text.done``, ``content_part.done``,
   ``output_item.done``, ``response.completed``) carrying the whole text; usage counts
   the prompt once and both parts' output tokens. The stored response
-  (``proxy.response_chain``) is the re-framed one: it is read from the bytes relayed.
+  (``proxy.pipeline.chain``) is the re-framed one: it is read from the bytes relayed.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any
 
 import orjson
 
-from proxy.continuation import Form, Partial, Reframing, events_of
+from proxy.pipeline.continuation import Form, Partial, Reframing, events_of
 
 #: The events that open an answer: sent once, by the first engine.
 _OPENINGS = frozenset(

@@ -32,9 +32,9 @@ from proxy.dependencies import Services, services
 from proxy.dialects import responses
 from proxy.dialects.conversation import Conversation, json_object
 from proxy.errors import InvalidRequest
-from proxy.forward import Sent
 from proxy.logs import RequestFacts
-from proxy.prepare import Prepared
+from proxy.pipeline.forward import Sent
+from proxy.pipeline.prepare import Prepared
 from proxy.sessions.identity import Identity
 from proxy.types import JSON_MEDIA_TYPE, JSONObject
 

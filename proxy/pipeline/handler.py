@@ -1,7 +1,11 @@
-"""The routes of the dialects beside chat: the Responses API, Anthropic Messages (and
-its token count) and completions, read → parse (the dialect) → prepare → forward →
-relay, as the chat route (docs/architecture.md §22). Only the parse, the render and the
-error envelope are the dialect's own; a raw prompt has its own prepare step."""
+"""The handlers of the prompt routes: chat (``ChatRoute``, ahead of the router), the
+Responses API, Anthropic Messages (and its token count) and completions, each read →
+parse (the dialect) → prepare → forward → relay (docs/architecture.md §1, §22). Only
+the parse, the render and the error envelope are the dialect's own; a raw prompt has
+its own prepare step.
+
+The handlers take the raw request and return responses directly: FastAPI's body
+validation would parse every message into models, which the proxy never needs."""
 
 from __future__ import annotations
 
@@ -12,35 +16,105 @@ from fastapi.routing import APIRoute
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from proxy import response_chain, truncation
 from proxy.admission import MESSAGES_ANSWER, RESPONSES_ANSWER
-from proxy.breakoff import sse_error_event
-from proxy.compaction import route as compaction
+from proxy.chat import parse_chat
 from proxy.dependencies import Services, services
 from proxy.dialects import anthropic_errors, completions, messages, messages_chat, responses
+from proxy.dialects.anthropic_errors import speaks_anthropic
 from proxy.dialects.conversation import Conversation
 from proxy.errors import InvalidRequest, ProxyError
-from proxy.forward import Outgoing, forward
 from proxy.logs import RequestFacts, request_facts
-from proxy.prepare import Prepared, note_model
-from proxy.prepare_completion import prepare_completion
-from proxy.prepare_dialect import Wire, input_tokens, prepare_conversation, wire
-from proxy.relay import STREAM_WATCH_DELAY, WATCH_DELAY, Relay, watch_disconnect
-from proxy.responses_routes import responses_routes
-from proxy.routes import USAGE_CAPTURE_BYTES, read_body
+from proxy.pipeline import chain as response_chain
+from proxy.pipeline import compaction, truncation
+from proxy.pipeline.breakoff import sse_error_event
+from proxy.pipeline.forward import Outgoing, forward
+from proxy.pipeline.prepare import Prepared, note_model
+from proxy.pipeline.prepare import prepare as prepare_chat
+from proxy.pipeline.prepare_completion import prepare_completion
+from proxy.pipeline.prepare_dialect import Wire, input_tokens, prepare_conversation, wire
+from proxy.pipeline.read import read_body
+from proxy.pipeline.relay import STREAM_WATCH_DELAY, WATCH_DELAY, Relay, watch_disconnect
+from proxy.pipeline.responses_routes import responses_routes
 from proxy.sessions.identity import Identity
 from proxy.types import JSON_MEDIA_TYPE
 
+CHAT_PATH = "/v1/chat/completions"
 RESPONSES_PATH = "/v1/responses"
 MESSAGES_PATH = anthropic_errors.MESSAGES_PATH
 COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
 COMPLETIONS_PATH = "/v1/completions"
+# A non-streaming answer up to this size is kept to compare usage with the count.
+USAGE_CAPTURE_BYTES = 1 << 20
 
 RESPONSES = wire("responses", responses.to_chat, responses.render, RESPONSES_ANSWER)
 MESSAGES = wire(
     "messages", messages.to_chat, messages.render, MESSAGES_ANSWER, messages_chat.chat_tools
 )
+
+
+async def chat_completions(request: Request) -> Response:
+    """read → parse → prepare → forward → relay (docs/architecture.md §1)."""
+    svc = services(request)
+    raw = await read_body(request, svc.settings.max_body_bytes, svc.settings.body_timeout)
+    chat = parse_chat(raw)
+    svc = svc.for_model(chat.model)  # TRIMPROXY_MODELS_FILE: the model's own upstream
+    facts = request_facts(request)  # for the access line
+    prepared = await prepare_chat(chat, raw, request.headers, svc, facts)
+    headers = svc.upstream.transport.request_headers(request.scope["headers"])
+    headers["content-type"] = JSON_MEDIA_TYPE
+    # Watched from here on: a client may leave KV admission's line, and one that stops
+    # a stream is the common case (so a stream's watcher starts at once).
+    client_gone = watch_disconnect(
+        request.receive, STREAM_WATCH_DELAY if chat.stream else WATCH_DELAY
+    )
+    out = Outgoing("POST", CHAT_PATH, headers, prepared.body)
+    sent = await forward(svc, out, client_gone, facts, prepared)
+    return Relay(sent, client_gone, capture_limit=0 if chat.stream else USAGE_CAPTURE_BYTES)
+
+
+def error_response(request: Request, exc: ProxyError) -> Response:
+    """``exc`` in the envelope of the path's API (OpenAI's; Anthropic's on the Messages
+    paths); the access line is told its code."""
+    request_facts(request).error = exc.code
+    path = request.scope["path"]
+    body = anthropic_errors.error_body(exc) if speaks_anthropic(path) else exc.body()
+    return Response(body, status_code=exc.status, media_type=JSON_MEDIA_TYPE, headers=exc.headers)
+
+
+class ChatRoute:
+    """``POST /v1/chat/completions`` straight to its handler, ahead of the router.
+
+    Pure ASGI, innermost of the proxy's middleware: every request still passes the
+    accounting, the API keys and the in-flight limit, but the one route that carries
+    the traffic skips the layers between there and the handler (Starlette's
+    exception middleware, its router's matching, two exception wrappers around the
+    handler and around every ``send``; docs/architecture.md §1, docs/performance.md §6). It
+    answers a ``ProxyError`` as the app's handler does; anything else propagates to
+    the same server-error handler as before.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # Anything else (another method on this path too: the router answers its 405,
+        # with an Allow header) goes the usual way.
+        if (
+            scope["type"] != "http"
+            or scope["path"] != CHAT_PATH
+            or scope["method"] != "POST"
+            or scope.get("root_path")
+        ):
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope, receive, send)
+        try:
+            response = await chat_completions(request)
+        except ProxyError as exc:
+            response = error_response(request, exc)
+        await response(scope, receive, send)
 
 
 Prepare = Callable[
@@ -142,7 +216,7 @@ def _anthropic_event(exc: ProxyError) -> bytes:
 
 async def create_completion(request: Request) -> Response:
     """``POST /v1/completions``: a raw prompt, counted, capped, admitted; refused over
-    the budget (``proxy.prepare_completion``)."""
+    the budget (``proxy.pipeline.prepare_completion``)."""
     return await _serve(request, prepare_completion, completions.parse)
 
 

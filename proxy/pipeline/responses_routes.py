@@ -8,7 +8,7 @@ from fastapi.routing import APIRoute
 from starlette.routing import WebSocketRoute
 
 from proxy import response_items, responses_socket
-from proxy.compaction import route as compaction
+from proxy.pipeline import compaction
 
 RESPONSES_PATH = "/v1/responses"
 

@@ -22,7 +22,7 @@ from proxy.dialects.conversation import Conversation
 from proxy.errors import context_length_exceeded
 from proxy.floor import floor_over
 from proxy.logs import RequestFacts
-from proxy.prepare import (
+from proxy.pipeline.prepare import (
     Prepared,
     completion_allowance,
     limit_for,
