@@ -51,6 +51,8 @@ def test_a_codex_session_compacts_twice_over_the_websocket(
     opened = [line for line in logs.splitlines() if "WebSocket /v1/responses" in line]
     assert len(opened) >= TURNS and all("[accepted]" in line for line in opened)
     text = httpx.get(f"{proxy.url}/metrics", timeout=10).text
+    made = metric_value(text, "trimproxy_compactions_total", form="trigger")
+    print(f"\n{TURNS} turns, {made:.0f} remote compactions, forwarded {forwarded(logs)}")
     assert metric_value(text, "trimproxy_compactions_total", form="trigger") >= 2
     assert metric_value(text, "trimproxy_compaction_items_total", outcome="refused") == 0
     bodies = sent_bodies(sim)
