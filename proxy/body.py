@@ -81,11 +81,33 @@ def common_fields(body: JSONObject) -> tuple[str | None, bool]:
     return model, bool(stream)
 
 
-def answers(body: JSONObject) -> int:
-    """How many answers ``n`` asks for, for the KV reservation. A value that is not an
-    integer above one counts as one: the engine refuses a bad value in its own words
-    (its error body is relayed as it is)."""
-    value = body.get("n")
-    if isinstance(value, int) and not isinstance(value, bool) and value > 1:
-        return value
-    return 1
+def answers(body: JSONObject, name: str = "n") -> int:
+    """How many answers ``n`` asks for, for the KV reservation, read as vLLM's pydantic
+    reads it (lax mode: ``"3"``, ``3.0`` and ``true`` are 3, 3 and 1), so a client
+    cannot be reserved one answer and run three; a value the engine would refuse
+    (not an integer, below one) is the proxy's 400. ``best_of`` is checked the same
+    way (vLLM 0.32 ignores it: it holds nothing)."""
+    if name == "n":
+        answers(body, "best_of")
+    value = body.get(name)
+    if value is None:
+        return 1
+    count = _lax_int(value)
+    if count is None or count < 1:
+        raise InvalidRequest(f"'{name}' must be a positive integer or null.", param=name)
+    return count
+
+
+def _lax_int(value: object) -> int | None:
+    """pydantic's lax integer: an int or bool, a float with no fraction, a string of
+    digits (blanks around); None for anything else."""
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else None
+    if isinstance(value, str):
+        text = value.strip()
+        digits = text.removeprefix("-").removeprefix("+")
+        if 0 < len(digits) <= 18 and digits.isascii() and digits.isdigit():
+            return int(text)
+    return None

@@ -48,6 +48,12 @@ class InvalidRequest(ProxyError):
     code = "invalid_request"
 
 
+class InvalidType(InvalidRequest):
+    """A field of the wrong JSON type: OpenAI's ``invalid_type``."""
+
+    code = "invalid_type"
+
+
 class ContextLengthExceeded(ProxyError):
     status = 400
     type = "invalid_request_error"
@@ -244,6 +250,14 @@ class RequestTimeout(ProxyError):
     code = "request_timeout"
 
 
+class UnsupportedEncoding(ProxyError):
+    """A prompt route's body under a ``Content-Encoding`` (``proxy.guards``)."""
+
+    status = 415
+    type = "invalid_request_error"
+    code = "unsupported_content_encoding"
+
+
 class MethodNotAllowed(ProxyError):
     status = 405
     type = "invalid_request_error"
@@ -254,6 +268,15 @@ class RouteNotFound(ProxyError):
     status = 404
     type = "invalid_request_error"
     code = "not_found"
+
+
+class MisspelledRoute(RouteNotFound):
+    """A path that spells a prompt route without being it (``proxy.paths``); answered
+    in the envelope of the route it spells."""
+
+    def __init__(self, message: str, route: str) -> None:
+        super().__init__(message)
+        self.route = route
 
 
 def envelope(message: str, type_: str, code: str, param: str | None = None) -> bytes:

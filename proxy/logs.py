@@ -30,6 +30,9 @@ FACTS_KEY = "trimproxy_facts"
 # What a client may choose as its request id: short, and safe in logs and headers.
 _VALID_REQUEST_ID = re.compile(rb"[A-Za-z0-9._-]{1,128}")
 _MAX_FIELD = 256
+# A stored response's id is all another client of the same key needs to read it: the
+# access line writes its hash, as it does a session id's.
+_RESPONSE_PATH = "/v1/responses/"
 
 
 @dataclass(slots=True)
@@ -53,12 +56,14 @@ class RequestFacts:
     routes, which carry no prompt the proxy reads."""
     continued: str | None = None
     """Each continuation of a streamed answer: ``reason@engine``, comma-separated."""
+    response_id: str | None = None
+    """The id a Responses answer is stored under, in clear; only its hash is logged."""
 
     def fields(self, method: str, path: str, status: int, duration: float) -> dict[str, Any]:
         out: dict[str, Any] = {
             "request_id": self.request_id,
             "method": method,
-            "path": path[:_MAX_FIELD],
+            "path": _logged_path(path)[:_MAX_FIELD],
             "status": status,
             "duration_ms": round(duration * 1000.0, 3),
         }
@@ -76,6 +81,8 @@ class RequestFacts:
             out["upstream_ttfb_ms"] = round(self.upstream_ttfb * 1000.0, 3)
         if self.session_id:
             out["session"] = session_hash(self.session_id)
+        if self.response_id:
+            out["response"] = session_hash(self.response_id)
         if self.error is not None:
             out["error"] = self.error
         if self.engine is not None:
@@ -83,6 +90,14 @@ class RequestFacts:
         if self.continued is not None:
             out["continued"] = self.continued
         return out
+
+
+def _logged_path(path: str) -> str:
+    """``/v1/responses/{id}[/...]`` with the id's hash in its place."""
+    if not path.startswith(_RESPONSE_PATH):
+        return path
+    rid, sep, rest = path[len(_RESPONSE_PATH) :].partition("/")
+    return f"{_RESPONSE_PATH}h:{session_hash(rid)}{sep}{rest}"
 
 
 def request_facts(request: Request) -> RequestFacts:

@@ -277,6 +277,18 @@ class Metrics:
             registry=r,
             multiprocess_mode="livesum",
         )
+        self.response_store_bytes = Gauge(
+            "trimproxy_response_store_bytes",
+            "Bytes of the responses held by this process's in-memory response store.",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.response_store_skipped = Counter(
+            "trimproxy_response_store_skipped",
+            "Answers served but not stored, by reason: entry_bytes, chain_bytes, unavailable.",
+            ["reason"],
+            registry=r,
+        )
         self.response_store_lookups = Counter(
             "trimproxy_response_store_lookups",
             "Lookups of a stored response (previous_response_id, GET, DELETE), by "

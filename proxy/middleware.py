@@ -14,7 +14,15 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from proxy.dialects import anthropic_errors
 from proxy.dialects.anthropic_errors import speaks_anthropic
-from proxy.errors import InvalidApiKey, InvalidRequest, Overloaded, ProxyError
+from proxy.errors import (
+    InvalidApiKey,
+    InvalidRequest,
+    MisspelledRoute,
+    Overloaded,
+    ProxyError,
+    UnsupportedEncoding,
+)
+from proxy.guards import prompt_guard
 from proxy.logs import (
     FACTS_KEY,
     REQUEST_ID_HEADER,
@@ -23,7 +31,7 @@ from proxy.logs import (
     ensure_request_id,
 )
 from proxy.metrics import KNOWN_ROUTES, Metrics, route_label
-from proxy.paths import BadPath, route
+from proxy.paths import BadPath, route, spelled_prompt_path
 from proxy.pipeline.breakoff import RelayAborted
 from proxy.types import JSON_MEDIA_TYPE
 
@@ -50,7 +58,8 @@ _NORMAL_PATHS = frozenset(path.encode("ascii") for path in KNOWN_ROUTES)
 
 def routed_scope(scope: Scope) -> Scope:
     """The scope with its path in normal form (``proxy.paths``), routed and forwarded
-    as such; raises ``InvalidRequest`` for a path the rule refuses.
+    as such; raises ``InvalidRequest`` for a path the rule refuses, ``MisspelledRoute``
+    for another spelling of a prompt route.
 
     ``raw_path`` is what the client sent, undecoded (ASGI servers set it); the
     decoded ``path`` is rebuilt from the normal form, so the router and the
@@ -64,6 +73,14 @@ def routed_scope(scope: Scope) -> Scope:
         routed = route(raw)
     except BadPath as exc:
         raise InvalidRequest(exc.reason) from None
+    spelled = spelled_prompt_path(routed.path)
+    if spelled is not None:
+        raise MisspelledRoute(
+            f"This proxy serves the prompt route {spelled} only under that exact path; "
+            "it does not forward other spellings of it. Send the request to "
+            f"{spelled}.",
+            spelled,
+        )
     if not routed.changed and raw_path:
         return scope
     return {**scope, "path": unquote(routed.path), "raw_path": routed.path.encode("ascii")}
@@ -122,8 +139,8 @@ class Accounting:
             return
         start = time.perf_counter()
         try:
-            scope = routed_scope(scope)
-        except InvalidRequest as exc:
+            scope = prompt_guard(routed_scope(scope))
+        except (InvalidRequest, MisspelledRoute, UnsupportedEncoding) as exc:
             refused: ProxyError | None = exc
         else:
             refused = None
@@ -149,7 +166,8 @@ class Accounting:
         try:
             if refused is not None:
                 facts.error = refused.code
-                await send_error(answer, refused, path)
+                spelled = refused.route if isinstance(refused, MisspelledRoute) else path
+                await send_error(answer, refused, spelled)
             else:
                 await self.app(scope, receive_wrapper, answer)
         except RelayAborted as exc:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from urllib.parse import unquote
 
 FORWARDED_PREFIX = "/v1/"
 FORWARDED_EXACT = frozenset(("/tokenize", "/detokenize"))
@@ -43,6 +44,9 @@ PROMPT_PATHS = frozenset(
     )
 )
 
+# What a spelling of a prompt route may trail its last segment with: anything but a
+# letter, digit or underscore.
+_TRAILING_JUNK = re.compile(r"[^a-z0-9_]+$")
 _UNRESERVED = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
 _HEX = frozenset("0123456789abcdefABCDEF")
 # Characters allowed raw in a path by RFC 3986 (pchar and "/"), plus "%" for escapes.
@@ -145,3 +149,25 @@ def route(raw_path: str) -> RoutedPath:
     if raw_path.startswith(FORWARDED_PREFIX) and not path.startswith(FORWARDED_PREFIX):
         raise BadPath("The request path leaves /v1/ once its dot segments are resolved.")
     return RoutedPath(path, changed)
+
+
+def spelled_prompt_path(path: str) -> str | None:
+    """The prompt route that ``path`` (in normal form) spells without being it: with
+    segment parameters (``/v1/responses;x=1``), escaped or trailing blanks and junk
+    (``/v1/messages%20``), or another case. Such a path would be relayed blind with
+    the whole prompt (and an upstream may route it as the prompt route), so it is
+    answered 404, never forwarded (docs/dialects.md)."""
+    if path in PROMPT_PATHS or not path.startswith(FORWARDED_PREFIX):
+        return None
+    segments = path.split("/")[1:]
+    cleaned = [_cleaned(segment) for segment in segments]
+    for prompt in PROMPT_PATHS:
+        want = prompt.split("/")[1:]
+        if cleaned[: len(want)] == want and segments[: len(want)] != want:
+            return prompt
+    return None
+
+
+def _cleaned(segment: str) -> str:
+    bare = unquote(segment).split(";", 1)[0].strip().lower()
+    return _TRAILING_JUNK.sub("", bare)

@@ -1,4 +1,5 @@
-"""``GET /v1/responses/{id}/input_items``: the input items of a stored response, in
+"""``GET /v1/responses/{id}/input_items``: the input items a stored response's own
+request sent (not the chain it continued), in
 OpenAI's list shape (docs/architecture.md §24): ``{"object": "list", "data",
 "first_id", "last_id", "has_more"}``, newest first unless ``order=asc``, ``limit``
 (1 to 100, 20 by default) items after the one ``after`` names.
@@ -71,7 +72,7 @@ async def input_items(request: Request) -> Response:
     keeper = services(request).keeper
     assert keeper is not None  # built by the lifespan
     rid = request.path_params["response_id"]
-    stored = await keeper.find(keeper.key(request.headers, rid), rid, "response_id")
+    stored = await keeper.find(keeper.key(request.headers, rid), rid)
     items = [listed(rid, i, item) for i, item in enumerate(stored.input)]
     query = request.query_params
     body = page(items, query.get("order", "desc"), _limit(query.get("limit")), query.get("after"))

@@ -117,6 +117,29 @@ class Settings(BaseSettings):
         "evicting the least recently used: in this process, or in Redis for all replicas "
         "together when TRIMPROXY_REDIS_URL is set.",
     )
+    response_store: bool = Field(
+        True,
+        description="Keep Responses API responses for previous_response_id and GET "
+        "/v1/responses/{id}; false keeps nothing (every previous_response_id answers 400).",
+    )
+    response_store_entry_bytes: int = Field(
+        16 * 1024 * 1024,
+        ge=1024,
+        description="The most bytes one stored response (one turn: its own input and its "
+        "output, as JSON) may hold; a bigger one is served but not stored.",
+    )
+    response_store_chain_bytes: int = Field(
+        32 * 1024 * 1024,
+        ge=1024,
+        description="The most bytes a chain of stored responses may hold together; a turn "
+        "past it is served but not stored (the client sends the whole conversation).",
+    )
+    response_store_bytes: int = Field(
+        256 * 1024 * 1024,
+        ge=1024,
+        description="The most bytes the response store holds in all (in this process, or "
+        "in Redis for all replicas together) before evicting the least recently used.",
+    )
     response_store_ttl: float = Field(
         3600.0, gt=0, description="Seconds a stored response is kept after its last use."
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 from proxy.chains.entry import Stored
@@ -11,9 +12,26 @@ class StoreUnavailable(Exception):
     """The store could not answer (Redis down or slow)."""
 
 
+class ChainBroken(Exception):
+    """An ancestor of the response is no longer held (evicted, expired or deleted)."""
+
+
+class ChainTooLong(Exception):
+    """The chain holds more bytes than the chain bound."""
+
+
+@dataclass(frozen=True, slots=True)
+class Chain:
+    entries: list[Stored]
+    """The chain's entries, its first response first; the one asked for last."""
+    size: int
+    """Their encoded bytes together."""
+
+
 class ResponseStore(Protocol):
-    """Responses by key (the client's namespace and the response id); each entry lives
-    until it is deleted, evicted, or idle for the store's TTL."""
+    """Responses by key (the client's namespace and the response id), one entry per
+    turn (``proxy.chains.entry``); each lives until it is deleted, evicted (least
+    recently used first, by entries and by bytes), or idle for the store's TTL."""
 
     name: str
 
@@ -21,13 +39,21 @@ class ResponseStore(Protocol):
         """The entry, its idle time restarted; None when there is none."""
         ...
 
-    async def put(self, key: str, stored: Stored) -> None: ...
+    async def chain(self, key: str, max_bytes: int) -> Chain | None:
+        """The entry and its ancestors, each one's idle time restarted; None when the
+        entry is missing. Raises ``ChainBroken``, ``ChainTooLong``."""
+        ...
+
+    async def put(self, key: str, raw: bytes) -> bool:
+        """Keep an encoded entry; False (nothing written) when the key is taken: a
+        stored entry is never overwritten."""
+        ...
 
     async def delete(self, key: str) -> bool:
         """Whether there was an entry to delete."""
         ...
 
-    def held(self) -> int | None: ...  # entries held here, for the gauge; None if shared
+    def held(self) -> tuple[int, int] | None: ...  # entries, bytes; None if shared
 
     async def ping(self) -> bool: ...
 

@@ -24,6 +24,7 @@ from proxy.dialects.conversation import (
     turn_roles,
 )
 from proxy.dialects.messages_chat import chat_tools, to_chat
+from proxy.dialects.messages_checks import check_create, check_messages
 from proxy.errors import InvalidRequest
 from proxy.types import JSONObject
 
@@ -31,6 +32,7 @@ __all__ = [
     "COMPLETION_FIELD",
     "chat_tools",
     "parse",
+    "parse_create",
     "render",
     "stream_usage",
     "to_chat",
@@ -41,10 +43,18 @@ COMPLETION_FIELD = "max_tokens"
 _NEEDS = "'model', 'max_tokens' and 'messages'"
 
 
+def parse_create(raw: bytes) -> Conversation:
+    """``POST /v1/messages``: ``parse`` with ``model`` and ``max_tokens`` required."""
+    conv = parse(raw)
+    check_create(conv.body)
+    return conv
+
+
 def parse(raw: bytes) -> Conversation:
     body = load_object(raw, _NEEDS)
     model, stream = common_fields(body)
     messages = _messages(body)
+    check_messages(body)
     system = _system(body)
     head: list[object] = [system] if system else []
     object_list(body, "tools", "tool")

@@ -103,6 +103,26 @@ def _input(body: JSONObject) -> list[object]:
     return list(value)
 
 
+def session_roles(conv: Conversation) -> list[str]:
+    """The role each item counts as for the session limit (docs/sessions.md): every
+    user message is a turn, one wrapped between a call and its output included, and
+    so is every system/developer input message but the first, so a dummy call or a
+    relabelled role cannot hide turns from TRIMPROXY_SESSION_MAX_TURNS. Trimming keeps
+    its own view (``conv.roles``)."""
+    out: list[str] = []
+    instructed = False
+    for i, (role, item) in enumerate(zip(conv.roles, conv.items, strict=True)):
+        kind = "instructions" if i < conv.head else _kind(item)
+        if kind in ("system", "developer") and not instructed:
+            instructed = True
+            out.append(role["role"])
+        elif kind in ("user", "system", "developer"):
+            out.append("user")
+        else:
+            out.append(role["role"])
+    return out
+
+
 def _kind(item: object) -> str:
     """The role an input item has on its own (``turn_roles`` decides the rest)."""
     if isinstance(item, str):

@@ -127,10 +127,8 @@ async def compact_response(request: Request) -> Response:
                 "'previous_response_id' must be a response id string.",
                 param="previous_response_id",
             )
-        stored = await svc.keeper.find(
-            svc.keeper.key(request.headers, previous), previous, "previous_response_id"
-        )
-        items = [*stored.items(), *items]
+        found = await svc.keeper.chain(svc.keeper.key(request.headers, previous), previous)
+        items = [*found.items, *items]
     if not items:
         raise InvalidRequest("'input' (or 'previous_response_id') is required.", param="input")
     seal, key = sealer(request), client_key(request.headers)

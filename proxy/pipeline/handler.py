@@ -204,7 +204,7 @@ async def create_message(request: Request) -> Response:
     """``POST /v1/messages``: trimmed to the budget like chat; errors in Anthropic's
     envelope, an over-long prompt in the wording agent clients act on."""
     try:
-        return await _serve(request, _trimmed(MESSAGES), messages.parse, _anthropic_event)
+        return await _serve(request, _trimmed(MESSAGES), messages.parse_create, _anthropic_event)
     except ProxyError as exc:
         request_facts(request).error = exc.code  # for the access line
         return anthropic_response(exc)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from proxy.admission.overrun import AnswerShape
 from proxy.choices import Endpoint
 from proxy.dependencies import Services
+from proxy.dialects import responses
 from proxy.dialects.conversation import Conversation
 from proxy.errors import context_length_exceeded
 from proxy.logs import RequestFacts
@@ -111,8 +112,11 @@ async def input_tokens(svc: Services, w: Wire, conv: Conversation) -> int:
 
 def session_view(conv: Conversation) -> list[Message]:
     """The items as the session step hashes them: each one's turn role and the item."""
-    roles, items = conv.roles, conv.items
-    return [{"role": r["role"], "content": item} for r, item in zip(roles, items, strict=True)]
+    if conv.endpoint == "responses":  # every user message a turn (docs/sessions.md)
+        roles = responses.session_roles(conv)
+    else:
+        roles = [r["role"] for r in conv.roles]
+    return [{"role": r, "content": item} for r, item in zip(roles, conv.items, strict=True)]
 
 
 async def prepare_conversation(

@@ -45,11 +45,24 @@ class ChatOptions:
     tool_call: ToolCall | None = None
 
 
+def _lax_int(value: Any) -> Any:
+    """``n`` as vLLM's pydantic (lax mode) reads it: ``"3"`` and ``3.0`` are 3, ``true``
+    is 1, null the default; anything else as it is (and refused)."""
+    if value is None:
+        return 1
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+        return int(value.strip())
+    return value
+
+
 def parse_options(payload: dict[str, Any], bad: Refuse) -> ChatOptions:
     """The options of a chat request; ``bad`` makes the error that is raised."""
-    n = payload.get("n", 1)
-    n = 1 if n is None else n
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+    n = _lax_int(payload.get("n", 1))
+    if not isinstance(n, int) or n < 1:
         raise bad("n must be at least 1, got " + repr(n), "n")
     logprobs = bool(payload.get("logprobs"))
     top = payload.get("top_logprobs")

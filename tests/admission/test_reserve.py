@@ -14,7 +14,7 @@ from proxy.admission.allowance import (
 )
 from proxy.admission.overrun import GROWTH_STEP, completion_tokens
 from proxy.chat import ChatRequest, parse_chat
-from proxy.errors import Overloaded
+from proxy.errors import InvalidRequest, Overloaded
 from proxy.metrics import Metrics
 
 
@@ -129,13 +129,24 @@ async def test_a_non_streamed_overrun_is_read_from_usage() -> None:
     held.release()
 
 
-@pytest.mark.parametrize("value", [0, -2, "2", True, None, 1.5])
-def test_an_n_the_engine_would_refuse_counts_as_one_answer(value: object) -> None:
-    """The proxy does not judge ``n``: the engine refuses it in its own words (relayed
-    byte for byte, tests/e2e/test_vllm.py); the reservation counts one answer."""
+@pytest.mark.parametrize(
+    ("value", "count"), [("2", 2), (2.0, 2), (" 3 ", 3), (True, 1), (None, 1), (3, 3)]
+)
+def test_n_is_read_as_the_engine_reads_it(value: object, count: int) -> None:
+    """vLLM's pydantic reads ``"2"`` and ``2.0`` as 2: the reservation counts what the
+    engine will run."""
     body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}], "n": value})
-    assert parse_chat(body).n == 1
+    assert parse_chat(body).n == count
     assert parse_chat(body.replace(b'"n"', b'"top_p"')).n == 1
+
+
+@pytest.mark.parametrize("value", [0, -2, 1.5, "x", "2.5", [], {}])
+@pytest.mark.parametrize("name", ["n", "best_of"])
+def test_an_n_the_engine_would_refuse_is_the_proxys_400(value: object, name: str) -> None:
+    body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}], name: value})
+    with pytest.raises(InvalidRequest) as refused:
+        parse_chat(body)
+    assert refused.value.param == name
 
 
 def test_n_above_one_is_counted() -> None:

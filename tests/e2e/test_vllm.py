@@ -275,7 +275,6 @@ ERROR_CASES: dict[str, dict[str, Any]] = {
     "prompt over max_model_len": {"messages": LONG_PROMPT},
     "temperature -1": {"temperature": -1},
     "top_p 2": {"top_p": 2},
-    "n 0": {"n": 0},
     "unknown model": {"model": "no-such-model"},
 }
 
