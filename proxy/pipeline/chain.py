@@ -29,16 +29,15 @@ from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
 from proxy.chains.entry import Stored
-from proxy.chains.keeper import Keeper, mint, shown
+from proxy.chains.keeper import Keeper, mint
 from proxy.chains.rename import SseRename, rename_json
 from proxy.dependencies import Services, services
 from proxy.dialects import responses
 from proxy.dialects.conversation import Conversation, json_object
-from proxy.errors import InvalidRequest, InvalidType, ResponseNotFound
+from proxy.errors import InvalidRequest, InvalidType
 from proxy.logs import RequestFacts
 from proxy.pipeline.forward import Sent
 from proxy.pipeline.prepare import Prepared
-from proxy.pipeline.relay import Relay
 from proxy.sessions.identity import Identity
 from proxy.types import JSON_MEDIA_TYPE, JSONObject
 
@@ -139,7 +138,7 @@ def keeping(
     svc: Services,
     headers: Mapping[str, str],
     linked: Link,
-    relay: Relay,
+    relay: Response,
     sent: Sent,
     prepared: Prepared,
     facts: RequestFacts,
@@ -233,7 +232,7 @@ class Keeping(Response):
 
     def __init__(
         self,
-        relay: Relay,
+        relay: Response,
         capture: JsonCapture | SseCapture,
         store: Callable[[JSONObject], Awaitable[None]],
         rid: str,
@@ -326,16 +325,6 @@ async def delete_response(request: Request) -> Response:
     await keeper.forget(keeper.key(request.headers, rid), rid)
     body = {"id": rid, "object": "response", "deleted": True}
     return Response(orjson.dumps(body), media_type=JSON_MEDIA_TYPE)
-
-
-async def list_input_items(request: Request) -> Response:
-    """``GET /v1/responses/{response_id}/input_items``: not served yet; OpenAI's JSON
-    404 rather than a relay to the engine (which keeps nothing)."""
-    rid = request.path_params["response_id"]
-    raise ResponseNotFound(
-        f"Response with id '{shown(rid)}' has no input items this proxy serves.",
-        param="response_id",
-    )
 
 
 def _keeper(request: Request) -> tuple[Keeper, str]:

@@ -15,7 +15,7 @@ import orjson
 from fastapi.routing import APIRoute
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from proxy.admission import MESSAGES_ANSWER, RESPONSES_ANSWER
@@ -27,7 +27,7 @@ from proxy.dialects.conversation import Conversation
 from proxy.errors import InvalidRequest, ProxyError
 from proxy.logs import RequestFacts, request_facts
 from proxy.pipeline import chain as response_chain
-from proxy.pipeline import context_management
+from proxy.pipeline import compaction, context_management, truncation
 from proxy.pipeline.breakoff import sse_error_event
 from proxy.pipeline.forward import Outgoing, forward
 from proxy.pipeline.prepare import Prepared, note_model
@@ -36,6 +36,7 @@ from proxy.pipeline.prepare_completion import prepare_completion
 from proxy.pipeline.prepare_dialect import Wire, prepare_conversation, wire
 from proxy.pipeline.read import read_body
 from proxy.pipeline.relay import STREAM_WATCH_DELAY, WATCH_DELAY, Relay, watch_disconnect
+from proxy.pipeline.responses_routes import responses_routes
 from proxy.sessions.identity import Identity
 from proxy.types import JSON_MEDIA_TYPE
 
@@ -151,7 +152,15 @@ async def _serve(
     if linked is not None:
         conv, raw = linked.conv, linked.raw
         prepare = _trimmed(RESPONSES, linked.session)
+    # Responses: compaction items expanded, or compaction answered (§24).
+    step = await compaction.step(request, svc, conv, raw) if chained else None
+    if step is not None:
+        if step.answer is not None:
+            return step.answer
+        conv, raw = step.conv, step.raw
     prepared = await prepare(conv, raw, request.headers, svc, facts)
+    if chained:
+        truncation.check(conv, prepared)  # Responses: 'truncation': 'disabled' (§24)
     headers = svc.upstream.transport.request_headers(request.scope["headers"])
     headers["content-type"] = JSON_MEDIA_TYPE
     client_gone = watch_disconnect(
@@ -167,11 +176,12 @@ async def _serve(
     sent = await forward(svc, out, client_gone, facts, prepared)
     # A JSON answer is kept (up to a bound) to compare its usage with the count.
     capture = 0 if conv.stream else USAGE_CAPTURE_BYTES
-    relay = Relay(sent, client_gone, capture_limit=capture, error_event=error_event)
+    relay: Response = Relay(sent, client_gone, capture_limit=capture, error_event=error_event)
     if prepared.context_management is not None:  # Anthropic context editing
         return context_management.WithContextManagement(
             relay, prepared.context_management, conv.stream
         )
+    relay = step.wrap(relay) if step is not None else relay
     if linked is None:
         return relay
     return response_chain.keeping(svc, request.headers, linked, relay, sent, prepared, facts)
@@ -252,9 +262,10 @@ def anthropic_response(exc: ProxyError) -> Response:
     )
 
 
-def dialect_routes() -> list[Route]:
+def dialect_routes() -> list[Route | WebSocketRoute]:
     """The dialects' routes, ahead of the relayed rest of ``/v1/``."""
     return [
+        *responses_routes(),
         APIRoute(
             RESPONSES_PATH,
             create_response,
@@ -274,13 +285,6 @@ def dialect_routes() -> list[Route]:
             response_chain.retrieve_response,
             methods=["GET"],
             summary="A response this proxy stored (previous_response_id)",
-            tags=["openai"],
-        ),
-        APIRoute(
-            RESPONSES_PATH + "/{response_id}/input_items",
-            response_chain.list_input_items,
-            methods=["GET"],
-            summary="Input items of a stored response: not served (JSON 404)",
             tags=["openai"],
         ),
         APIRoute(
