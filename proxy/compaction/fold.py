@@ -9,10 +9,17 @@ ladder forwards: the content of old tool outputs cleared to a placeholder, the l
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
+from proxy.dialects.tool_outputs import RESPONSES
+from proxy.ladder import placeholder, with_cleared
+from proxy.tokens.approx import estimate_text
 from proxy.types import JSONObject
+
+#: What every cleared output begins with (``proxy.ladder.placeholder``).
+_CLEARED = placeholder(0).split(" 0 ")[0]
 
 #: The tool outputs at the end of a fold kept whole, as the ladder keeps its latest.
 KEEP_OUTPUTS = 3
@@ -22,11 +29,10 @@ KEEP_OUTPUTS = 3
 KEPT_ROLES = frozenset(("user",))
 
 
-_CLEARED = "[tool output cleared by trimproxy: "
-
-
-def placeholder(chars: int) -> str:
-    return f"{_CLEARED}{chars} characters; call the tool again if needed]"
+def _tokens(content: Any) -> int:
+    """What an output held, as the placeholder reports it: the approximate count (a
+    fold has no engine's tokenizer at hand, and the figure is only told to the model)."""
+    return estimate_text(content if isinstance(content, str) else json.dumps(content))
 
 
 def is_kept(item: Any) -> bool:
@@ -39,26 +45,23 @@ def is_kept(item: Any) -> bool:
     return kind == "message" and item.get("role") in KEPT_ROLES
 
 
-def is_output(item: Any) -> bool:
-    kind = item.get("type") if isinstance(item, dict) else None
-    return isinstance(kind, str) and kind.endswith("_call_output")
-
-
 def clear(items: Sequence[JSONObject], keep: int = KEEP_OUTPUTS) -> list[JSONObject]:
-    """The items with every tool output's content but the latest ``keep`` replaced by
-    a placeholder; every other item is the client's own object."""
-    outputs = [i for i, item in enumerate(items) if is_output(item)]
-    cleared = set(outputs[: max(0, len(outputs) - keep)])
-    out: list[JSONObject] = []
-    for i, item in enumerate(items):
-        content = item.get("output")
-        # One cleared before (an item compacted again) stays as it was: the same
-        # bytes, so the engine's prefix cache still holds it.
-        if i in cleared and not (isinstance(content, str) and content.startswith(_CLEARED)):
-            size = len(content) if isinstance(content, str) else len(str(content))
-            item = {**item, "output": placeholder(size)}
-        out.append(item)
-    return out
+    """The items with every tool output's content but the latest ``keep`` cleared as the
+    trim ladder clears it (``proxy.ladder.with_cleared`` over the Responses outputs of
+    ``proxy.dialects.tool_outputs``); every other item is the client's own object."""
+    outputs = RESPONSES.find(items)
+    # One cleared before (an item compacted again) stays as it was: the same bytes,
+    # so the engine's prefix cache still holds it.
+    old = [i for i in outputs[: max(0, len(outputs) - keep)] if not _is_cleared(items[i])]
+    counts = [0] * len(items)
+    for i in old:
+        counts[i] = _tokens(items[i].get("output"))
+    return cast("list[JSONObject]", with_cleared(items, old, RESPONSES.clear, counts))
+
+
+def _is_cleared(item: JSONObject) -> bool:
+    content = item.get("output")
+    return isinstance(content, str) and content.startswith(_CLEARED)
 
 
 def fold(items: Sequence[Any], keep: int = KEEP_OUTPUTS) -> list[Any]:

@@ -11,10 +11,12 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.compaction.fold import fold, placeholder, unfold
+from proxy.compaction.fold import fold, unfold
 from proxy.compaction.items import expand, make
 from proxy.compaction.seal import PREFIX, CompactionRefused, Sealer, key_from_text
+from proxy.ladder import placeholder
 from proxy.metrics import Metrics
+from proxy.tokens.approx import estimate_text
 from tests.compaction.helpers import agent_input, types_of
 
 KEY = os.urandom(32)
@@ -31,7 +33,8 @@ def test_fold_clears_every_tool_output_but_the_latest_three_and_keeps_the_calls(
     outputs = [i for i in folded if i["type"] == "function_call_output"]
     cleared = [o for o in outputs if o["output"].startswith("[tool output cleared")]
     assert len(cleared) == 3 and outputs[-3:] == [i for i in items if i in outputs[-3:]]
-    assert cleared[0]["output"] == placeholder(len(items[3]["output"]))
+    # The ladder's own placeholder: what the output held, in (approximate) tokens.
+    assert cleared[0]["output"] == placeholder(estimate_text(items[3]["output"]))
     calls = [i for i in folded if i["type"] == "function_call"]
     assert calls == [i for i in items if i.get("type") == "function_call"]
 
