@@ -15,6 +15,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 import proxy
 from proxy.chains.keeper import Keeper, build_keeper
+from proxy.compaction.key import build_sealer
 from proxy.dependencies import Services
 from proxy.errors import ProxyError, envelope
 from proxy.fleet import Fleet, Gates
@@ -107,6 +108,7 @@ def _lifespan(
         fleet.start(table)
         keeper = build_keeper(settings, metrics)
         await keeper.start()
+        app.state.sealer = await build_sealer(settings)  # compaction items (§24)
         app.state.services = _services(settings, metrics, table, sessions, fleet.gates, keeper)
         counter = table.default.counter
         log.info("trimproxy ready: upstream %s, tokenizer %s", settings.upstream_url, counter.name)

@@ -307,6 +307,9 @@ def serve(args: argparse.Namespace) -> int:
         for key, value in overrides.items():
             if value is not None:
                 os.environ[f"{ENV_PREFIX}{key.upper()}"] = str(value)
+        if not settings.compaction_key and not settings.redis_url:
+            # One compaction key for every worker: an item opens on any of them (§24).
+            os.environ[f"{ENV_PREFIX}COMPACTION_KEY"] = os.urandom(32).hex()
         _run_uvicorn(settings, "proxy.app:app_from_env", factory=True, workers=settings.workers)
         return 0
     finally:
@@ -349,6 +352,8 @@ def _run_uvicorn(settings: Settings, app: Any, **extra: Any) -> None:
         # to name the server that sent it.
         proxy_headers=False,
         server_header=False,
+        # A Responses WebSocket message is a request body: the same bound (§24).
+        ws_max_size=settings.max_body_bytes,
         **extra,
     )
 

@@ -156,7 +156,7 @@ async def conversation_ladder(
     facts: RequestFacts,
 ) -> tuple[TrimResult, Conversation] | None:
     """A dialect's prompt over its budget through the ladder (``w``: the dialect's
-    ``proxy.pipeline.prepare_dialect.Wire``): the kept items and the conversation to render
+    ``proxy.pipeline.dialect.Dialect``): the kept items and the conversation to render
     them from, the cleared outputs in place; None when the ladder is off or the
     prompt holds no tool output."""
     kind: ToolOutputs | None = BY_ENDPOINT.get(w.endpoint)

@@ -302,6 +302,22 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
+        # Compaction (proxy/compaction): the items made, by how the client asked
+        # (endpoint, trigger, threshold), and the items sent back, by what came of them.
+        self.compactions = Counter(
+            "trimproxy_compactions",
+            "Compaction items made, by form: endpoint (POST /v1/responses/compact), "
+            "trigger (a compaction_trigger input item), threshold (context_management).",
+            ["form"],
+            registry=r,
+        )
+        self.compaction_items = Counter(
+            "trimproxy_compaction_items",
+            "Compaction items received in a request's input, by outcome: expanded, "
+            "refused (changed, another API key's or another deployment's: a 400).",
+            ["outcome"],
+            registry=r,
+        )
         # KV admission (proxy/admission). Every process knows the whole capacity: "max".
         # Each process counts the reservations it holds, so "livesum" (and a sum over
         # replicas) is what the engine holds in all.

@@ -151,6 +151,24 @@ class Settings(BaseSettings):
     response_store_ttl: float = Field(
         3600.0, gt=0, description="Seconds a stored response is kept after its last use."
     )
+    compaction_key: str | None = Field(
+        None,
+        description="Key that seals Responses compaction items (64 hex digits, or any "
+        "text, hashed): items then open after a restart and on every replica. Unset: "
+        "the key kept in Redis when TRIMPROXY_REDIS_URL is set, else one drawn at start "
+        "(items die with the process).",
+    )
+    compaction_max_bytes: int = Field(
+        1_000_000,
+        ge=1024,
+        description="Largest compaction item (its encrypted_content) made or taken; the "
+        "oldest folded items are left out of one that would be larger.",
+    )
+    compaction_summary: bool = Field(
+        False,
+        description="Compaction also asks the engine for a summary of what it folds (a "
+        "budgeted, admitted request); off: compaction costs no model call.",
+    )
 
     api_keys: str | None = Field(
         None,

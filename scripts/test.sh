@@ -53,6 +53,15 @@ if [ "$fast" = 0 ] && [ "${TRIMPROXY_SKIP_VLLM:-}" != "1" ]; then
   PYTHON=.venv/bin/python bash scripts/vllm_env.sh >.cache/vllm-env.log 2>&1 &
 fi
 
+# The real Codex CLI (tests/compaction/test_codex.py) from npm, when npm is here; the
+# test skips, saying why, when it is missing (offline, no npm).
+if [ ! -x .cache/codex-npm/node_modules/.bin/codex ] && command -v npm >/dev/null 2>&1; then
+  echo "== installing the Codex CLI into .cache/codex-npm"
+  mkdir -p .cache/codex-npm
+  npm install -q --prefix .cache/codex-npm @openai/codex >/dev/null 2>&1 \
+    || echo "== the Codex CLI could not be installed; its test will skip" >&2
+fi
+
 echo "== ruff"
 .venv/bin/ruff check proxy tests bench scripts
 .venv/bin/ruff format --check proxy tests bench scripts

@@ -31,12 +31,12 @@ from starlette.routing import BaseRoute
 from starlette.types import Message, Receive, Scope, Send
 
 from proxy.chains.entry import Stored
-from proxy.chains.keeper import Keeper, mint, shown
+from proxy.chains.keeper import Keeper, mint
 from proxy.chains.rename import SseRename, rename_json
 from proxy.dependencies import Services, services
 from proxy.dialects import responses
 from proxy.dialects.conversation import Conversation, json_object
-from proxy.errors import InvalidRequest, InvalidType, ResponseNotFound
+from proxy.errors import InvalidRequest, InvalidType
 from proxy.logs import RequestFacts
 from proxy.pipeline.forward import Sent
 from proxy.pipeline.prepare import Prepared
@@ -329,16 +329,6 @@ async def delete_response(request: Request) -> Response:
     return Response(orjson.dumps(body), media_type=JSON_MEDIA_TYPE)
 
 
-async def list_input_items(request: Request) -> Response:
-    """``GET /v1/responses/{response_id}/input_items``: not served yet; OpenAI's JSON
-    404 rather than a relay to the engine (which keeps nothing)."""
-    rid = request.path_params["response_id"]
-    raise ResponseNotFound(
-        f"Response with id '{shown(rid)}' has no input items this proxy serves.",
-        param="response_id",
-    )
-
-
 def _keeper(request: Request) -> tuple[Keeper, str]:
     keeper = services(request).keeper
     assert keeper is not None  # built by the lifespan
@@ -353,13 +343,6 @@ def stored_routes(path: str, tag: str) -> list[BaseRoute]:
             retrieve_response,
             methods=["GET"],
             summary="A response this proxy stored (previous_response_id)",
-            tags=[tag],
-        ),
-        APIRoute(
-            path + "/{response_id}/input_items",
-            list_input_items,
-            methods=["GET"],
-            summary="Input items of a stored response: not served (JSON 404)",
             tags=[tag],
         ),
         APIRoute(

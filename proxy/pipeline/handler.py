@@ -24,6 +24,7 @@ from proxy.dialects.conversation import Conversation
 from proxy.errors import InvalidRequest, ProxyError
 from proxy.logs import request_facts
 from proxy.pipeline import chain as response_chain
+from proxy.pipeline import compaction, truncation
 from proxy.pipeline.dialect import Dialect, Envelope
 from proxy.pipeline.forward import Outgoing, forward
 from proxy.pipeline.prepare import note_model, prepare
@@ -61,6 +62,12 @@ async def serve(dialect: Dialect, request: Request) -> Response:
     chain = None
     if linked is not None:
         conv, raw, chain = linked.conv, linked.raw, linked.session
+    # Responses: compaction items expanded, or compaction answered (§24).
+    step = await compaction.step(request, svc, dialect, conv, raw) if dialect.stored else None
+    if step is not None:
+        if step.answer is not None:
+            return step.answer
+        conv, raw = step.conv, step.raw
     # Messages: its context edits applied first (the row's ``edit``).
     edit = None if dialect.edit is None else await dialect.edit(svc, dialect, conv, facts)
     client = None
@@ -69,6 +76,8 @@ async def serve(dialect: Dialect, request: Request) -> Response:
     prepared = await prepare(
         dialect, conv, raw, request.headers, svc, facts, chain=chain, client=client
     )
+    if dialect.stored:
+        truncation.check(conv, prepared)  # Responses: 'truncation': 'disabled' (§24)
     headers = svc.upstream.request_headers(request.scope["headers"])
     headers["content-type"] = JSON_MEDIA_TYPE
     # Watched from here on: a client may leave KV admission's line, and one that stops
@@ -90,6 +99,8 @@ async def serve(dialect: Dialect, request: Request) -> Response:
     )
     if edit is not None:
         relay = edit.wrap(relay)
+    if step is not None:
+        relay = step.wrap(relay)
     if linked is None:
         return relay
     return response_chain.keeping(svc, request.headers, linked, relay, sent, prepared, facts)

@@ -29,6 +29,7 @@ from proxy.pipeline.continuation_responses import RESPONSES_FORM
 from proxy.pipeline.dialect import OPENAI, Dialect, Envelope
 from proxy.pipeline.handler import count_tokens_route, prompt_routes
 from proxy.pipeline.raw_prompt import count_prompts
+from proxy.pipeline.responses_routes import responses_routes
 from proxy.tokens.usage import anthropic_input_tokens, input_tokens, prompt_tokens
 
 CHAT_PATH = "/v1/chat/completions"
@@ -71,7 +72,8 @@ def _parse_responses(raw: bytes) -> Conversation:
 
 
 def _stored_responses(dialect: Dialect) -> list[BaseRoute]:
-    return response_chain.stored_routes(dialect.path, dialect.tag)
+    # Compaction, input_items and the WebSocket ahead of GET/DELETE /v1/responses/{id}.
+    return [*responses_routes(dialect), *response_chain.stored_routes(dialect.path, dialect.tag)]
 
 
 def builtin_dialects() -> tuple[Dialect, ...]:

@@ -102,7 +102,7 @@ async def test_docs_and_openapi_list_the_proxys_routes(sim_upstream: SimUpstream
     assert set(paths) == {
         "/v1/chat/completions", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens",
         "/v1/completions", "/v1/models", "/healthz",
-        "/readyz", "/metrics", "/v1/responses/{response_id}",
+        "/readyz", "/metrics", "/v1/responses/{response_id}", "/v1/responses/compact",
         "/v1/responses/{response_id}/input_items",
     }  # fmt: skip
     assert set(paths["/v1/responses/{response_id}"]) == {"get", "delete"}
