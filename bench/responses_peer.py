@@ -1,0 +1,214 @@
+"""The Responses path's CPU per request beside vLLM's own Rust gateway, agentic-api.
+
+Both gateways stand in front of one ``trimproxy sim`` (vLLM's dialect, answers at once)
+and get the same requests from an aiohttp client; each arm's CPU is the gateway
+process's utime + stime (from /proc) over its requests, per request. The arms are
+interleaved round by round, so a load change on this shared machine falls on both.
+
+* ``stateless``: a 10-turn ``input`` list (10 user, 9 assistant messages, ~4 kB),
+  ``store: false``;
+* ``streamed``: the same, ``stream: true``;
+* ``chains``: ``--chains`` conversations of 10 turns by ``previous_response_id``
+  (both gateways store every answer), one new user message a turn.
+
+agentic-api (``agentic-api==0.9.0`` from PyPI) is installed into its own venv under
+``.cache/agentic-venv`` the first time. trimproxy counts with ``approx`` (its default
+without a tokenizer) and trims nothing here: the window is larger than any body.
+
+    .venv/bin/python bench/responses_peer.py                  # ~2 min
+    .venv/bin/python bench/responses_peer.py --rounds 3 --requests 500 -c 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench import overhead  # noqa: E402
+
+PEER_PIN = "agentic-api==0.9.0"
+MODEL = "sim-model"
+WORKLOADS = ("stateless", "streamed", "chains")
+_PROSE = (
+    "the agent reads the failing test opens the module and explains which change keeps "
+    "every caller working before it edits one function and runs the suite again"
+)
+_WORDS = _PROSE.split(" ")
+
+
+def _text(turn: int, words: int = 30) -> str:
+    return " ".join(_WORDS[(turn + i) % len(_WORDS)] for i in range(words))
+
+
+def stateless_body(stream: bool = False, turns: int = 10) -> bytes:
+    """``turns`` user messages with the answers between them: 2 * turns - 1 items."""
+    items: list[dict[str, Any]] = []
+    for turn in range(turns):
+        if turn:
+            items.append({"role": "assistant", "content": _text(turn + 50)})
+        items.append({"role": "user", "content": _text(turn)})
+    body = {"model": MODEL, "input": items, "store": False, "max_output_tokens": 16}
+    if stream:
+        body["stream"] = True
+    return json.dumps(body).encode()
+
+
+def chain_body(turn: int, previous: str | None) -> bytes:
+    body: dict[str, Any] = {"model": MODEL, "input": _text(turn), "max_output_tokens": 16}
+    if previous is not None:
+        body["previous_response_id"] = previous
+    return json.dumps(body).encode()
+
+
+def peer_server() -> Path:
+    """agentic-server from its own venv (built once, reused while the pin is the same)."""
+    venv = ROOT / ".cache" / "agentic-venv"
+    binary = venv / "bin" / "agentic-server"
+    stamp = venv / "pin.txt"
+    if binary.exists() and stamp.exists() and stamp.read_text() == PEER_PIN:
+        return binary
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run([str(venv / "bin" / "pip"), "install", "-q", PEER_PIN], check=True)
+    stamp.write_text(PEER_PIN)
+    return binary
+
+
+def start_peer(sim: overhead.Server, workdir: Path) -> overhead.Server:
+    port = overhead._free_port()
+    args = [str(peer_server()), "--llm-api-base", sim.url + "/v1", "--gateway-host",
+            "127.0.0.1", "--gateway-port", str(port), "--db-url",
+            f"sqlite://{workdir / 'agentic.db'}"]  # fmt: skip
+    server = overhead._spawn("agentic-api", args, workdir, overhead._env({}))
+    server.url = f"http://127.0.0.1:{port}"
+    overhead._wait_http(server, "/health", 60.0)
+    return server
+
+
+def start_proxy(sim: overhead.Server, workdir: Path) -> overhead.Server:
+    port = overhead._free_port()
+    settings = {
+        "TRIMPROXY_UPSTREAM_URL": sim.url,
+        "TRIMPROXY_TOKENIZER": "approx",
+        "TRIMPROXY_CONTEXT_WINDOW": str(overhead.CONTEXT),
+        "TRIMPROXY_UPSTREAM_METRICS_INTERVAL": "0",
+    }
+    args = [sys.executable, "-m", "proxy.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
+    server = overhead._spawn("trimproxy", args, workdir, overhead._env(settings))
+    server.url = f"http://127.0.0.1:{port}"
+    overhead._wait_http(server, "/healthz", 60.0)
+    return server
+
+
+async def _post(session: Any, url: str, body: bytes) -> dict[str, Any]:
+    async with session.post(url, data=body, headers={"content-type": "application/json"}) as r:
+        raw = await r.read()
+        if r.status != 200:
+            raise SystemExit(f"{url} answered {r.status}: {raw[:300]!r}")
+        if r.headers.get("content-type", "").startswith("text/event-stream"):
+            if b"response.completed" not in raw:
+                raise SystemExit(f"{url}: a stream without response.completed: {raw[-300:]!r}")
+            return {}
+        answer: dict[str, Any] = json.loads(raw)
+        return answer
+
+
+async def send(url: str, workload: str, count: int, concurrency: int) -> None:
+    """``count`` requests of ``workload``; chains of 10 turns for ``chains``."""
+    import aiohttp
+
+    slots = asyncio.Semaphore(concurrency)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as s:
+        if workload != "chains":
+            body = stateless_body(stream=workload == "streamed")
+
+            async def one() -> None:
+                async with slots:
+                    await _post(s, url, body)
+
+            await asyncio.gather(*(one() for _ in range(count)))
+            return
+
+        async def chain() -> None:
+            previous: str | None = None
+            for turn in range(10):
+                async with slots:
+                    previous = (await _post(s, url, chain_body(turn, previous)))["id"]
+
+        await asyncio.gather(*(chain() for _ in range(max(1, count // 10))))
+
+
+@dataclass
+class Cell:
+    cpu_s: float = 0.0
+    requests: int = 0
+
+    @property
+    def ms(self) -> float:
+        return self.cpu_s / self.requests * 1e3 if self.requests else float("nan")
+
+
+def measure(
+    arms: dict[str, overhead.Server], args: argparse.Namespace
+) -> dict[tuple[str, str], Cell]:
+    cells = {(arm, w): Cell() for arm in arms for w in args.workloads}
+    for server in arms.values():
+        for workload in args.workloads:
+            asyncio.run(send(server.url + "/v1/responses", workload, 20, args.connections))
+    for _ in range(args.rounds):
+        for workload in args.workloads:
+            for arm, server in arms.items():
+                before = overhead.cpu_seconds(server.pid)
+                url = server.url + "/v1/responses"
+                asyncio.run(send(url, workload, args.requests, args.connections))
+                cell = cells[arm, workload]
+                cell.cpu_s += overhead.cpu_seconds(server.pid) - before
+                cell.requests += args.requests if workload != "chains" else args.requests // 10 * 10
+    return cells
+
+
+def table(cells: dict[tuple[str, str], Cell], args: argparse.Namespace) -> str:
+    lines = [
+        f"c={args.connections}, {args.rounds} rounds x {args.requests} requests a workload and arm",
+        f"{'workload':<11}{'agentic-api ms':>16}{'trimproxy ms':>14}{'ratio':>8}",
+    ]
+    for w in args.workloads:
+        peer, ours = cells["agentic-api", w], cells["trimproxy", w]
+        lines.append(f"{w:<11}{peer.ms:>16.3f}{ours.ms:>14.3f}{ours.ms / peer.ms:>8.2f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=200, help="per round, arm, workload [200]")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds [3]")
+    parser.add_argument("-c", "--connections", type=int, default=16, help="concurrency [16]")
+    parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
+    args = parser.parse_args(argv)
+    workdir = Path(tempfile.mkdtemp(prefix="trimproxy-responses-peer-"))
+    sim = overhead.start_sim(workdir)
+    arms: dict[str, overhead.Server] = {}
+    try:
+        arms["agentic-api"] = start_peer(sim, workdir)
+        arms["trimproxy"] = start_proxy(sim, workdir)
+        cells = measure(arms, args)
+    finally:
+        for server in arms.values():
+            server.stop()
+        sim.stop()
+    print(table(cells, args))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
