@@ -19,7 +19,7 @@ import orjson
 
 from proxy.dependencies import Services
 from proxy.dialects.conversation import Conversation
-from proxy.dialects.tool_outputs import BY_ENDPOINT, ToolOutputs, placeholder_of
+from proxy.dialects.tool_outputs import ToolOutputs, placeholder_of
 from proxy.errors import ContextLengthExceeded, context_length_exceeded
 from proxy.ladder import CLEARED, Climb, climb, placeholder, with_cleared
 from proxy.logs import RequestFacts
@@ -159,7 +159,7 @@ async def conversation_ladder(
     ``proxy.pipeline.dialect.Dialect``): the kept items and the conversation to render
     them from, the cleared outputs in place; None when the ladder is off or the
     prompt holds no tool output."""
-    kind: ToolOutputs | None = BY_ENDPOINT.get(w.endpoint)
+    kind: ToolOutputs | None = w.tool_outputs
     on = kind is not None and svc.settings.clear_tool_outputs == "auto"
     outputs = kind.find(conv.items) if kind is not None and on else []
     if limit is None or kind is None or not outputs:

@@ -14,7 +14,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.choices import Endpoint
 from proxy.ladder import ClearOne, placeholder
 
 
@@ -112,9 +111,3 @@ def _messages_cleared(item: Any, tokens: int) -> Any:
 CHAT = ToolOutputs(_chat_outputs, _chat_clear, _chat_content, placeholder_of)
 RESPONSES = ToolOutputs(_responses_outputs, _responses_clear, _responses_content, placeholder_of)
 MESSAGES = ToolOutputs(_messages_outputs, _messages_clear, _messages_content, _messages_cleared)
-
-BY_ENDPOINT: dict[Endpoint, ToolOutputs] = {
-    "chat": CHAT,
-    "responses": RESPONSES,
-    "messages": MESSAGES,
-}

@@ -22,6 +22,7 @@ from proxy.admission.overrun import CHAT_ANSWER, AnswerShape
 from proxy.choices import Endpoint
 from proxy.dependencies import Services
 from proxy.dialects.conversation import Conversation
+from proxy.dialects.tool_outputs import ToolOutputs
 from proxy.errors import ProxyError, envelope
 from proxy.logs import RequestFacts
 from proxy.pipeline.breakoff import sse_error_event
@@ -83,8 +84,6 @@ Render = Callable[[Conversation, Sequence[int], int | None], bytes]
 Tools = Callable[[Conversation, Sequence[int]], list[JSONObject] | None]
 #: A dialect's change to a request before the shared prepare step, or None for none.
 EditStep = Callable[[Services, "Dialect", Conversation, RequestFacts], Awaitable[Edit | None]]
-#: Where each tool output sits among the items (the trim ladder's rung that clears them).
-ToolOutputs = Callable[[Conversation], Sequence[int]]
 #: Each prompt's tokens of a request that is not trimmed but refused over the budget
 #: (a raw prompt): the count as the engine encodes it.
 CountPrompts = Callable[[Services, Conversation, PromptLimit | None], Awaitable[PromptCount]]
@@ -116,7 +115,8 @@ class Dialect:
     """How its answers show their completion tokens (the overrun watch)."""
     tools: Tools = own_tools
     tool_outputs: ToolOutputs | None = None
-    """The items that are tool outputs; None: the dialect has none."""
+    """Where its tool outputs are and one cleared (the trim ladder's first rung,
+    docs/architecture.md §6); None: the dialect has none."""
     form: Form | None = None
     """How a stream that breaks off goes on on another engine (None: it ends in an error)."""
     count_prompts: CountPrompts | None = None

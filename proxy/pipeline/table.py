@@ -16,7 +16,15 @@ from collections.abc import Iterable
 from starlette.routing import BaseRoute, Route
 
 from proxy.admission.overrun import MESSAGES_ANSWER, RESPONSES_ANSWER
-from proxy.dialects import anthropic_errors, chat, completions, messages, messages_chat, responses
+from proxy.dialects import (
+    anthropic_errors,
+    chat,
+    completions,
+    messages,
+    messages_chat,
+    responses,
+    tool_outputs,
+)
 from proxy.dialects.conversation import Conversation
 from proxy.errors import InvalidRequest, ProxyError
 from proxy.metrics import OWN_ROUTES
@@ -81,6 +89,7 @@ def builtin_dialects() -> tuple[Dialect, ...]:
     return (
         Dialect(
             endpoint="chat",
+            tool_outputs=tool_outputs.CHAT,
             path=CHAT_PATH,
             parse=chat.parse_chat,
             to_chat=chat.to_chat,
@@ -94,6 +103,7 @@ def builtin_dialects() -> tuple[Dialect, ...]:
         ),
         Dialect(
             endpoint="responses",
+            tool_outputs=tool_outputs.RESPONSES,
             path="/v1/responses",
             parse=_parse_responses,
             to_chat=responses.to_chat,
@@ -109,6 +119,7 @@ def builtin_dialects() -> tuple[Dialect, ...]:
         ),
         Dialect(
             endpoint="messages",
+            tool_outputs=tool_outputs.MESSAGES,
             path=anthropic_errors.MESSAGES_PATH,
             parse=messages.parse_create,
             to_chat=messages.to_chat,
