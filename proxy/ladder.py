@@ -378,15 +378,3 @@ def with_cleared(
     for i in cleared:
         out[i] = clear(items[i], counts[i])
     return out
-
-
-def forwarded(
-    items: Sequence[object], climbed: Climb, clear: ClearOne, counts: Sequence[int]
-) -> list[object]:
-    """The items to forward: the kept ones, each the client's own object but the
-    cleared outputs, rendered cleared (``with_cleared``)."""
-    kept = climbed.kept
-    out = list(map(items.__getitem__, kept))
-    for i in climbed.cleared:
-        out[bisect_left(kept, i)] = clear(items[i], counts[i])
-    return out

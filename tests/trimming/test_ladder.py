@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import subprocess
 import sys
+from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -15,12 +16,24 @@ from hypothesis import strategies as st
 
 from proxy.dialects.tool_outputs import CHAT
 from proxy.errors import ContextLengthExceeded
-from proxy.ladder import Climb, _split, climb, forwarded, placeholder, request_ends
+from proxy.ladder import ClearOne, Climb, _split, climb, placeholder, request_ends
 from proxy.trimming import TrimPolicy, split_turns
 from proxy.types import Message, PromptCount
 from tests.trimming.strategies import PROPS, TEXTS, conversations, tool_exchange, turn
 
 Case = tuple[list[Message], PromptCount, list[int], TrimPolicy, int]
+
+
+def forwarded(
+    items: Sequence[object], climbed: Climb, clear: ClearOne, counts: Sequence[int]
+) -> list[object]:
+    """The items a climb forwards: the kept ones, the cleared outputs rendered cleared
+    (what ``proxy.ladder_step`` renders from ``with_cleared`` and the kept indices)."""
+    kept = climbed.kept
+    out = list(map(items.__getitem__, kept))
+    for i in climbed.cleared:
+        out[bisect_left(kept, i)] = clear(items[i], counts[i])
+    return out
 
 
 @st.composite
