@@ -17,6 +17,10 @@ that does not start is an error. ``vllm_idle`` waits until the engine runs and q
 nothing, so one test's leftovers never land in the next one's counters.
 ``start_vllm_proxy(**settings)`` starts trimproxy (a real process) in front of it, with
 the upstream key and the hf counter by default; stopped after the test.
+
+``agent_engine`` (session scope) is the tool-rendering engine of
+``tests.support.agent_engine`` at a window of ``AGENT_WINDOW``, started once for every
+module that serves a coding agent on that window (each start is a minute or more).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.agent_engine import agent_stack
 from tests.support.fastchat_stack import FastChatStack
 from tests.support.processes import ProxyProcess
 from tests.support.tiny_model import MAX_POSITIONS, render_fastchat_prompt
@@ -45,6 +50,8 @@ ENGINE_NICE = 10
 #: Seconds an engine may take to answer /health: 45 s on a quiet machine, past 600 s
 #: at a load average of 14 on two cores (benchmarks beside the tests).
 ENGINE_START_TIMEOUT = 1500.0
+#: The window of the shared agent engine: a small one, which an agent's task outgrows.
+AGENT_WINDOW = 8192
 
 
 @dataclass(frozen=True)
@@ -157,6 +164,22 @@ def vllm_stack() -> Iterator[VllmStack]:
     ) as stack:
         print(f"\nvLLM engine up: ready {stack.timings.ready:.1f}s")
         yield stack
+
+
+@pytest.fixture(scope="session")
+def agent_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmStack]:
+    if os.environ.get("TRIMPROXY_SKIP_VLLM") == "1":
+        pytest.skip("TRIMPROXY_SKIP_VLLM=1: the real vLLM engine is switched off")
+    folder = tmp_path_factory.mktemp("agent-model")
+    with agent_stack(
+        folder,
+        AGENT_WINDOW,
+        api_key=VLLM_API_KEY,
+        nice=ENGINE_NICE,
+        startup_timeout=ENGINE_START_TIMEOUT,
+    ) as engine:
+        print(f"\nagent engine up: ready {engine.timings.ready:.1f}s")
+        yield engine
 
 
 @pytest.fixture

@@ -20,12 +20,11 @@ import anthropic
 import httpx
 import pytest
 
-from tests.e2e.conftest import ENGINE_NICE, ENGINE_START_TIMEOUT, VLLM_API_KEY
+from tests.e2e.conftest import AGENT_WINDOW
 from tests.support.agent_engine import (
     AGENT_TOOLS,
     AgentProxies,
     agent_history,
-    agent_stack,
     agent_system,
     agent_tools,
 )
@@ -43,22 +42,6 @@ from tests.support.tiny_model import MODEL_NAME
 from tests.support.vllm_stack import VllmStack
 
 pytestmark = pytest.mark.vllm
-
-AGENT_WINDOW = 8192
-
-
-@pytest.fixture(scope="module")
-def agent_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmStack]:
-    folder = tmp_path_factory.mktemp("agent-model")
-    with agent_stack(
-        folder,
-        AGENT_WINDOW,
-        api_key=VLLM_API_KEY,
-        nice=ENGINE_NICE,
-        startup_timeout=ENGINE_START_TIMEOUT,
-    ) as engine:
-        print(f"\nagent engine up: ready {engine.timings.ready:.1f}s")
-        yield engine
 
 
 @pytest.fixture

@@ -19,8 +19,8 @@ import pytest
 
 from proxy.pipeline.prepare import PROMPT_TOKENS
 from tests.compaction.helpers import agent_input, dumped
-from tests.e2e.conftest import ENGINE_NICE, ENGINE_START_TIMEOUT, VLLM_API_KEY
-from tests.support.agent_engine import AgentProxies, agent_stack
+from tests.e2e.conftest import AGENT_WINDOW
+from tests.support.agent_engine import AgentProxies
 from tests.support.closing import Closing
 from tests.support.processes import ProxyProcess
 from tests.support.tiny_model import MODEL_NAME
@@ -28,18 +28,15 @@ from tests.support.vllm_stack import VllmStack
 
 pytestmark = pytest.mark.vllm
 
-WINDOW = 8192
+WINDOW = AGENT_WINDOW
 BUDGET = 3000
 KEY = "5" * 64
 
 
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmStack]:
-    folder = tmp_path_factory.mktemp("compaction-model")
-    with agent_stack(
-        folder, WINDOW, api_key=VLLM_API_KEY, nice=ENGINE_NICE, startup_timeout=ENGINE_START_TIMEOUT
-    ) as stack:
-        yield stack
+@pytest.fixture
+def engine(agent_engine: VllmStack) -> VllmStack:
+    """The shared tool-rendering engine (window 8,192; tests/e2e/conftest.py)."""
+    return agent_engine
 
 
 @pytest.fixture

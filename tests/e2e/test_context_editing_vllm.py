@@ -19,8 +19,7 @@ import httpx
 import pytest
 
 from proxy.dialects.context_editing import PLACEHOLDER
-from tests.e2e.conftest import ENGINE_NICE, ENGINE_START_TIMEOUT, VLLM_API_KEY
-from tests.support.agent_engine import AgentProxies, agent_stack
+from tests.support.agent_engine import AgentProxies
 from tests.support.closing import Closing
 from tests.support.dialect_clients import MAX_TOKENS, anthropic_input, prose
 from tests.support.processes import ProxyProcess
@@ -42,13 +41,10 @@ TOOLS: list[Any] = [
 ]
 
 
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmStack]:
-    folder = tmp_path_factory.mktemp("context-editing-model")
-    with agent_stack(
-        folder, 8192, api_key=VLLM_API_KEY, nice=ENGINE_NICE, startup_timeout=ENGINE_START_TIMEOUT
-    ) as stack:
-        yield stack
+@pytest.fixture
+def engine(agent_engine: VllmStack) -> VllmStack:
+    """The shared tool-rendering engine (window 8,192; tests/e2e/conftest.py)."""
+    return agent_engine
 
 
 @pytest.fixture

@@ -22,8 +22,8 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.conftest import ENGINE_NICE, ENGINE_START_TIMEOUT, VLLM_API_KEY
-from tests.support.agent_engine import AgentProxies, agent_stack
+from tests.e2e.conftest import AGENT_WINDOW
+from tests.support.agent_engine import AgentProxies
 from tests.support.dialect_clients import anthropic_input, head, prose
 from tests.support.processes import ProxyProcess
 from tests.support.tiny_model import MODEL_NAME
@@ -31,7 +31,7 @@ from tests.support.vllm_stack import VllmStack
 
 pytestmark = pytest.mark.vllm
 
-WINDOW = 8192
+WINDOW = AGENT_WINDOW
 ANSWER = 4
 BUDGET = WINDOW - ANSWER - 1
 ROUNDS = 150
@@ -44,13 +44,10 @@ def output(k: int) -> str:
     return f"round {k} log: " + prose(1000 + k, 220)
 
 
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmStack]:
-    folder = tmp_path_factory.mktemp("ladder-model")
-    with agent_stack(
-        folder, WINDOW, api_key=VLLM_API_KEY, nice=ENGINE_NICE, startup_timeout=ENGINE_START_TIMEOUT
-    ) as stack:
-        yield stack
+@pytest.fixture
+def engine(agent_engine: VllmStack) -> VllmStack:
+    """The shared tool-rendering engine (window 8,192; tests/e2e/conftest.py)."""
+    return agent_engine
 
 
 @pytest.fixture(scope="module")
