@@ -6,7 +6,7 @@ half a request line and then nothing, keeps the socket (and a slot of the
 operator's file-descriptor limit) forever. These subclasses add one timer: from the
 moment a connection opens, or its previous answer ends, the client has
 ``TRIMPROXY_HEADER_TIMEOUT`` seconds to complete the next request's headers, or the
-connection is closed. The same window counts the bytes: request line and headers
+connection is closed; a WebSocket upgrade ends it. The same window counts the bytes: request line and headers
 over ``TRIMPROXY_MAX_HEADER_BYTES`` get a 431 and a close (httptools has no limit
 of its own). The body has its own timeout and size limit, in the app (408,
 ``TRIMPROXY_BODY_TIMEOUT``; 413, ``TRIMPROXY_MAX_BODY_BYTES``).
@@ -92,6 +92,12 @@ class _HeaderTimeout(asyncio.Protocol):
         idle = self.cycle is None or self.cycle.response_complete
         if idle and not self.transport.is_closing():
             self._arm_header_timer()
+
+    def handle_websocket_upgrade(self, *event: Any) -> None:
+        # The connection is a WebSocket's from here (the Responses socket): its own
+        # protocol keeps it (pings), and a long answer must not cost it its socket.
+        self._disarm_header_timer()
+        super().handle_websocket_upgrade(*event)  # type: ignore[misc]
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_header_timer()

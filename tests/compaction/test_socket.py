@@ -5,13 +5,14 @@ engine, driven by the ``websockets`` client as the Codex CLI frames it: each
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import httpx
 from websockets.sync.client import ClientConnection, connect
 
 from tests.compaction.helpers import agent_input, compaction_items, sent_bodies, types_of
-from tests.conftest import StartProxy
+from tests.conftest import StartProxy, StartSim
 from tests.sessions.helpers import metric_value
 from tests.support.processes import ProxyProcess
 from tests.support.sim import SimUpstream
@@ -118,3 +119,19 @@ def test_a_socket_closed_mid_answer_lets_the_engine_go(
     sim_upstream.wait_for_state(lambda s: s["disconnects"] == 1 and s["running"] == 0, 30.0)
     (record,) = sim_upstream.requests("/v1/responses")
     assert record["disconnected"] is True
+
+
+def test_a_slow_answer_keeps_the_socket_past_the_header_timeout(
+    proxy_server: StartProxy, sim_upstream_factory: StartSim
+) -> None:
+    """The header timeout ends at the upgrade: a socket idle past it, and an engine that
+    takes longer than it to answer (a long prompt's prefill), keep the connection."""
+    sim = sim_upstream_factory(delay_seconds=3)
+    proxy = start(proxy_server, upstream=sim, header_timeout=1)
+    with connect(ws_url(proxy), additional_headers=KEY) as ws:
+        time.sleep(2)
+        first = create(ws, input="Hello.", store=False)
+        assert first[-1]["type"] == "response.completed", first[-1]
+        again = create(ws, input="And again.", store=False)
+        assert again[-1]["type"] == "response.completed", again[-1]
+    assert len(sim.requests("/v1/responses")) == 2
