@@ -6,9 +6,9 @@ half a request line and then nothing, keeps the socket (and a slot of the
 operator's file-descriptor limit) forever. These subclasses add one timer: from the
 moment a connection opens, or its previous answer ends, the client has
 ``TRIMPROXY_HEADER_TIMEOUT`` seconds to complete the next request's headers, or the
-connection is closed; a WebSocket upgrade ends it. The same window counts the bytes: request line and headers
-over ``TRIMPROXY_MAX_HEADER_BYTES`` get a 431 and a close (httptools has no limit
-of its own). The body has its own timeout and size limit, in the app (408,
+connection is closed; a WebSocket upgrade ends it. The same window counts the bytes:
+request line and headers over ``TRIMPROXY_MAX_HEADER_BYTES`` get a 431 and a close
+(httptools has no limit of its own). The body has its own timeout and size limit, in the app (408,
 ``TRIMPROXY_BODY_TIMEOUT``; 413, ``TRIMPROXY_MAX_BODY_BYTES``).
 
 Both values are read from the environment, where ``trimproxy serve`` puts the

@@ -24,10 +24,14 @@ FALLBACK = ("failed to connect to Responses WebSocket", "Reconnecting")
 class Codex:
     home: Path
     work: Path
+    #: A hang guard for one turn, not a measurement.
+    timeout: float = TURN_TIMEOUT
 
     @classmethod
-    def configured(cls, root: Path, api_base: str, model: str, window: int) -> Codex:
-        codex = cls(root / "home", root / "work")
+    def configured(
+        cls, root: Path, api_base: str, model: str, window: int, timeout: float = TURN_TIMEOUT
+    ) -> Codex:
+        codex = cls(root / "home", root / "work", timeout)
         codex.home.mkdir()
         codex.work.mkdir()
         codex.configure(api_base, model, window, None)
@@ -56,7 +60,7 @@ class Codex:
             input=stdin,
             capture_output=True,
             text=True,
-            timeout=TURN_TIMEOUT,
+            timeout=self.timeout,
             check=False,
         )
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from proxy.tokens.hf import HFCounter
-from proxy.tokens.hf.normalize import to_conversation
+from proxy.tokens.hf.normalize import merged_systems, supports_developer, to_conversation
 from tests.support.properties import examples
 from tests.tokens.conversations import TOOLS, conversations, growing_chat
 
@@ -420,3 +420,61 @@ def test_placing_messages_in_a_plain_render_splits_as_tracking_does(
         assert sum(locator.placed for locator in locators) > 0
     for counter in (located, tracked_only):
         asyncio.run(counter.aclose())
+
+
+def _ids(counter: HFCounter, conversation: list[Any]) -> int:
+    ids = counter._tok.apply_chat_template(
+        conversation, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    return len(ids)
+
+
+def test_developer_messages_are_counted_as_the_system_messages_vllm_makes_them(
+    template_dir: Callable[[str], Path], hf_counter: Callable[[Path], HFCounter]
+) -> None:
+    """A template that never names the developer role (vLLM's test: the quoted name in
+    its source) gets developer messages as system ones, every system message merged
+    into one at the start; the default system prompt is then not added."""
+    counter = hf_counter(template_dir("tools_default_system"))
+    assert not counter._template(None).developer
+    sent: list[dict[str, Any]] = [
+        {"role": "developer", "content": "Work in /repo."},
+        {"role": "user", "content": "hi"},
+    ]
+    first = count(counter, sent)
+    assert first.total == _ids(counter, [{**sent[0], "role": "system"}, sent[1]])
+    # This template renders no developer role at all: as one, the message would be lost.
+    assert first.per_message[0] > 0
+    assert len(first.per_message) == 2 and sent[0]["role"] == "developer"  # untouched
+    later: list[dict[str, Any]] = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+        {"role": "developer", "content": [{"type": "text", "text": "Now in /tmp."}]},
+        {"role": "user", "content": "go on"},
+    ]
+    merged = [
+        {"role": "system", "content": "Be brief.\n\nNow in /tmp."},
+        later[1],
+        later[2],
+        later[4],
+    ]
+    got = count(counter, later)
+    assert got.total == sum(got.per_message) + got.overhead == _ids(counter, merged)
+    assert len(got.per_message) == len(later) and min(got.per_message) >= 0
+
+
+def test_which_templates_take_the_developer_role() -> None:
+    assert supports_developer("{% if m['role'] == 'developer' %}")
+    assert supports_developer('{% if m.role == "developer" %}')
+    assert not supports_developer("{{ m.role }}: {{ m.content }}")
+    conversation: list[dict[str, Any]] = [
+        {"role": "system", "content": "a"},
+        {"role": "user", "content": "b"},
+    ]
+    assert merged_systems(conversation) is None
+    twice = [*conversation, {"role": "system", "content": ""}, {"role": "system", "content": "c"}]
+    assert merged_systems(twice) == [
+        {"role": "system", "content": "a\n\nc"},
+        {"role": "user", "content": "b"},
+    ]

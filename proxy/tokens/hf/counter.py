@@ -28,7 +28,13 @@ from proxy.tokens.errors import ConfigError
 from proxy.tokens.hf import self_check
 from proxy.tokens.hf.added_tokens import AddedToken, AddedTokenSplitter
 from proxy.tokens.hf.load import load_tokenizer
-from proxy.tokens.hf.normalize import detect_content_format, to_conversation
+from proxy.tokens.hf.normalize import (
+    as_system,
+    detect_content_format,
+    has_developer,
+    merged_systems,
+    to_conversation,
+)
 from proxy.tokens.hf.placement import Estimated, Placement, Template
 from proxy.tokens.hf.render import Rendered, TrackedTemplate
 from proxy.tokens.hf.runs import RunCounter
@@ -248,8 +254,13 @@ class HFCounter:
         try:
             template = self._template(tools)
             placement = template.placement(tools)
+            converted = not template.developer and has_developer(messages)
+            if converted:
+                messages = as_system(messages)
             conversation, media = to_conversation(messages, template.format)
             rendered = placement.render(self._prepare(conversation), tools)
+            merged = merged_systems(conversation) if converted else None
+            whole = None if merged is None else placement.render(self._prepare(merged), tools)
         except Exception as exc:
             # vLLM will refuse this conversation too; let it say why. Count a bound.
             log.warning(
@@ -257,6 +268,11 @@ class HFCounter:
             )
             return await self._fallback.count(messages, tools=tools)
         per, overhead = await self._tally(rendered, placement, messages)
+        if whole is not None:
+            # What vLLM renders merges system messages: each message's share from the
+            # render before the merge, fitted to the merged render's count.
+            parts, overhead = fit_counts(per, await self._total(whole.text))
+            per = list(parts)
         extra = [m * IMAGE_TOKENS for m in media]
         return PromptCount(tuple(p + e for p, e in zip(per, extra, strict=True)), overhead)
 

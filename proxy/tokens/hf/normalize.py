@@ -11,7 +11,11 @@ vLLM does not render the request's messages as they are: it rebuilds each one
   ``tool_call_id`` (tool), ``reasoning`` (assistant, also copied to
   ``reasoning_content``), ``tools`` (developer) survive;
 - a tool call's ``arguments`` JSON string is parsed to a dict (``{}`` when it is
-  not valid JSON), and an empty ``tool_calls`` list is dropped.
+  not valid JSON), and an empty ``tool_calls`` list is dropped;
+- where the template never names the ``developer`` role (``supports_developer``),
+  a developer message is rendered as a system message (no ``tools`` key), and then
+  every system message is merged into one at the start (``merged_systems``):
+  ``vllm/renderers/hf.py``, ``safe_apply_chat_template``.
 
 The request's own dicts are never modified: they are forwarded upstream later.
 """
@@ -113,6 +117,43 @@ def _tool_calls(calls: list[Any]) -> list[Any]:
         else:
             out.append(call)
     return out
+
+
+def supports_developer(template: str) -> bool:
+    """Whether vLLM hands the template developer messages as they are: it looks for
+    the role's name, quoted, in the template's source."""
+    return '"developer"' in template or "'developer'" in template
+
+
+def has_developer(messages: Sequence[Message]) -> bool:
+    return any(m.get("role") == "developer" for m in messages)
+
+
+def as_system(messages: Sequence[Message]) -> list[Message]:
+    """The messages with each developer message's role system (shallow copies)."""
+    return [{**m, "role": "system"} if m.get("role") == "developer" else m for m in messages]
+
+
+def merged_systems(conversation: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """vLLM's merge of the system messages after developer ones became system: one at
+    the start, their non-empty texts joined by a blank line, the rest in order; None
+    when there is nothing to merge (at most one system message, and it is first)."""
+    systems = [i for i, m in enumerate(conversation) if m.get("role") == "system"]
+    if not systems or systems == [0]:
+        return None
+    texts: list[str] = []
+    for i in systems:
+        content = conversation[i].get("content") or ""
+        if isinstance(content, list):
+            content = "\n".join(
+                p if isinstance(p, str) else p["text"]
+                for p in content
+                if isinstance(p, str) or (isinstance(p, dict) and "text" in p)
+            )
+        if content:
+            texts.append(content)
+    rest = [m for m in conversation if m.get("role") != "system"]
+    return [{"role": "system", "content": "\n\n".join(texts)}, *rest]
 
 
 def to_conversation(

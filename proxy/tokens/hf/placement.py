@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from proxy.tokens.approx import estimate_message
 from proxy.tokens.hf.locate import Locator
-from proxy.tokens.hf.normalize import ContentFormat
+from proxy.tokens.hf.normalize import ContentFormat, supports_developer
 from proxy.tokens.hf.render import Rendered, TrackedTemplate, attribute
 from proxy.tokens.shares import scale_to
 from proxy.types import JSONObject, Message
@@ -118,6 +118,8 @@ class Template:
         self.source = source
         self.tracked = tracked
         self.format: ContentFormat = fmt
+        #: Whether developer messages reach it as they are (else as system ones).
+        self.developer = supports_developer(source)
         self.locators = (Locator(), Locator())
         self.placements: tuple[Placement, Placement] = (Tracked(tracked), Tracked(tracked))
 
