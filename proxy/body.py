@@ -87,7 +87,7 @@ def answers(body: JSONObject, name: str = "n") -> int:
     cannot be reserved one answer and run three; a value the engine would refuse
     (not an integer, below one) is the proxy's 400. ``best_of`` is checked the same
     way (vLLM 0.32 ignores it: it holds nothing)."""
-    if name == "n":
+    if name == "n" and body.get("best_of") is not None:  # absent: 1, nothing to check
         answers(body, "best_of")
     value = body.get(name)
     if value is None:

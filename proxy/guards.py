@@ -13,6 +13,7 @@ from starlette.types import Scope
 from proxy.errors import UnsupportedEncoding
 
 _ENCODING = b"content-encoding"
+_LENGTH = len(_ENCODING)
 
 
 def prompt_guard(scope: Scope, prompt_paths: frozenset[str]) -> Scope:
@@ -22,7 +23,12 @@ def prompt_guard(scope: Scope, prompt_paths: frozenset[str]) -> Scope:
     if scope["path"] not in prompt_paths:
         return scope
     headers = scope["headers"]
-    if not any(name.lower() == _ENCODING for name, _ in headers):
+    # Every prompt request asks: a loop, not any() over a generator (a frame resumed
+    # per header), and a name of another length never lowered (docs/performance.md §6).
+    for name, _ in headers:
+        if len(name) == _LENGTH and name.lower() == _ENCODING:
+            break
+    else:
         return scope
     for name, value in headers:
         if name.lower() == _ENCODING and value.strip().lower() not in (b"identity", b""):

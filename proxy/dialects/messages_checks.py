@@ -31,7 +31,9 @@ BLOCKS = frozenset(
 
 
 def check_messages(body: JSONObject) -> None:
-    """Roles and block kinds; the list's shape is checked by the parse."""
+    """Roles and block kinds; the list's shape is checked by the parse, which notes
+    the roles and kinds in its own pass and runs this (for the error's words) only
+    when one is not served."""
     for i, message in enumerate(body.get("messages") or ()):
         if not isinstance(message, dict):
             continue

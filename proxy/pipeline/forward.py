@@ -55,7 +55,9 @@ class Outgoing:
 
 
 # Not frozen: read-only by convention but for what the answer's end settles (why:
-# proxy.types, above PromptCount).
+# proxy.types, above PromptCount). Built positionally, its fields in the order the
+# forward step has them: a class called by keyword gets its arguments as a dict
+# (about 3,000 instructions a request for seven of them, docs/performance.md §6).
 @dataclass(slots=True)
 class Sent:
     """A forwarded request: the engine's response head, and what its answer holds."""
@@ -65,17 +67,17 @@ class Sent:
     """Response headers the proxy adds (token counts, session, admission wait)."""
     failure: FailureMap
     """The error for an answer that broke off mid-body (``Transport.failure``)."""
+    prepared: Prepared | None = None
+    metrics: Metrics | None = None
+    facts: RequestFacts | None = None
+    started: float = 0.0
+    """``perf_counter()`` when it was forwarded (the TTFB clock)."""
     engine: Engine | None = None
     """The engine whose in-flight count this answer holds (None: the lone engine's)."""
     reservation: Reservation | None = None
     watch: AnswerWatch | None = None
     """An answer that may outgrow its reservation (``proxy.admission.overrun``)."""
     on_chunk: ChunkHook | None = None
-    prepared: Prepared | None = None
-    metrics: Metrics | None = None
-    facts: RequestFacts | None = None
-    started: float = 0.0
-    """``perf_counter()`` when it was forwarded (the TTFB clock)."""
     continuation: Continuation | None = None
     """A streamed answer that may go on on another engine (``proxy.pipeline.continuation``)."""
     on_first_byte: Callable[[], None] | None = None
@@ -132,7 +134,7 @@ async def forward(
             response = await upstream.forward(
                 out.method, out.path, out.headers, out.body, client_gone
             )
-            return Sent(response=response, headers={}, failure=upstream.transport.failure)
+            return Sent(response, {}, upstream.transport.failure)
         lone = svc.upstream.lone
         if lone is None or lone in svc.gates:
             return await _send_routed(svc, out, client_gone, facts, prepared)
@@ -144,13 +146,7 @@ async def forward(
             lone, out.method, out.path, out.headers, out.body, client_gone, prepared.counted_in
         )
         sent = Sent(
-            response=response,
-            headers=prepared.headers,
-            failure=transport.failure,
-            prepared=prepared,
-            metrics=svc.metrics,
-            facts=facts,
-            started=started,
+            response, prepared.headers, transport.failure, prepared, svc.metrics, facts, started
         )
         sent.on_first_byte = sent.first_byte
         return sent
@@ -196,16 +192,9 @@ async def _send_routed(
                 reservation.release()
             raise
         sent = Sent(
-            response=response,
-            headers=prepared.headers,
-            failure=transport.failure,
-            engine=engine,
-            reservation=reservation,
-            prepared=prepared,
-            metrics=svc.metrics,
-            facts=facts,
-            started=started,
-        )
+            response, prepared.headers, transport.failure, prepared, svc.metrics, facts, started,
+            engine, reservation,
+        )  # fmt: skip
         sent.on_first_byte = sent.first_byte
         if gate is not None and reservation is not None:
             _watch(sent, gate, reservation, need, prepared)

@@ -10,7 +10,7 @@ error a prompt route answers is in its dialect's envelope.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import orjson
 from fastapi.routing import APIRoute
@@ -115,39 +115,34 @@ def error_response(request: Request, exc: ProxyError, envelope: Envelope) -> Res
 
 
 class DirectRoute:
-    """``POST`` on one dialect's route (chat's) straight to its handler, ahead of the router.
+    """``POST`` on each dialect's prompt route straight to its handler, ahead of the router.
 
     Pure ASGI, innermost of the proxy's middleware: every request still passes the
-    accounting, the API keys and the in-flight limit, but the route that carries the
-    traffic skips the layers between there and the handler (Starlette's exception
+    accounting, the API keys and the in-flight limit, but the routes that carry the
+    traffic skip the layers between there and the handler (Starlette's exception
     middleware, its router's matching, two exception wrappers around the handler and
     around every ``send``; docs/architecture.md §1, docs/performance.md §6). It answers
     a ``ProxyError`` in the dialect's envelope, as the route's handler does; anything
     else propagates to the same server-error handler as before.
     """
 
-    def __init__(self, app: ASGIApp, dialect: Dialect) -> None:
+    def __init__(self, app: ASGIApp, dialects: Sequence[Dialect]) -> None:
         self.app = app
-        self.dialect = dialect
-        self.path = dialect.path
+        self.dialects = {dialect.path: dialect for dialect in dialects}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        # Anything else (another method on this path too: the router answers its 405,
-        # with an Allow header) goes the usual way.
-        if (
-            scope["type"] != "http"
-            or scope["path"] != self.path
-            or scope["method"] != "POST"
-            or scope.get("root_path")
-        ):
+        # Anything else (another method on a prompt path too: the router answers its
+        # 405, with an Allow header) goes the usual way.
+        dialect = self.dialects.get(scope["path"]) if scope["type"] == "http" else None
+        if dialect is None or scope["method"] != "POST" or scope.get("root_path"):
             await self.app(scope, receive, send)
             return
         request = Request(scope, receive, send)
         # ``serve`` itself, not ``handler_for``'s wrapper: a frame less a request.
         try:
-            response = await serve(self.dialect, request)
+            response = await serve(dialect, request)
         except ProxyError as exc:
-            response = error_response(request, exc, self.dialect.envelope)
+            response = error_response(request, exc, dialect.envelope)
         await response(scope, receive, send)
 
 

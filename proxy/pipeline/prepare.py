@@ -20,7 +20,7 @@ counted exactly and refused over the budget, never forwarded whole.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from proxy.admission.allowance import Allowance
@@ -164,8 +164,10 @@ async def prepare(
     metrics = await model_series(svc, conv.model, dialect.endpoint, dialect.path)
     metrics.prompt_received.observe(count.total)
     facts.prompt_tokens_received = count.total
-    # None: it fits whole, and nothing more is built (chat's fast path, docs/performance.md §6).
-    kept = await _keep(dialect, conv, count, limit, session.history_start, svc, metrics, out, facts)
+    # None: it fits whole; nothing more is built nor awaited (docs/performance.md §6).
+    kept = None
+    if not _whole(dialect, count, budget, svc, session):
+        kept = await _keep(dialect, conv, count, limit, session, svc, metrics, out, facts)
     if dialect.count_prompts is not None:  # each prompt is a request of its own
         allowance = replace(allowance, n=allowance.n * len(count.per_message))
     forwarded = count.total if kept is None else kept.result.tokens
@@ -242,25 +244,34 @@ async def _session(
     return Session(ident.key, start)
 
 
+def _whole(
+    dialect: Dialect, count: PromptCount, budget: int | None, svc: Services, session: Session
+) -> bool:
+    """Whether the prompt goes as it is: it fits whole (a raw prompt is never trimmed,
+    only kept whole or refused, by ``_keep``)."""
+    if dialect.count_prompts is not None:
+        return False
+    turns = svc.settings.max_history_turns
+    return fits_whole(count.total, budget, turns, session.history_start)
+
+
 async def _keep(
     dialect: Dialect,
     conv: Conversation,
     count: PromptCount,
     limit: PromptLimit | None,
-    history_start: int,
+    session: Session,
     svc: Services,
     metrics: ModelSeries,
     out: dict[str, str],
     facts: RequestFacts,
-) -> Kept | None:
-    """What is kept: None when everything fits whole, else the trim ladder (old tool
+) -> Kept:
+    """What is kept of a prompt that does not fit whole: the trim ladder (old tool
     outputs cleared first, docs/architecture.md §6) or the trim, their drops in the
     metrics; a raw prompt whole or refused."""
     if dialect.count_prompts is not None:
         return Kept(_refused_over(count, limit))
-    budget = None if limit is None else limit.budget
-    if fits_whole(count.total, budget, svc.settings.max_history_turns, history_start):
-        return None
+    history_start = session.history_start
     climbed = await conversation_ladder(
         svc, dialect, conv, count, limit, history_start, metrics, out, facts
     )
@@ -277,12 +288,13 @@ async def _keep(
     return kept
 
 
-async def _count(
+def _count(
     dialect: Dialect, conv: Conversation, raw: bytes, svc: Services, limit: PromptLimit | None
-) -> PromptCount:
-    """Every item's tokens as the engine renders them, after the cheap floor."""
+) -> Awaitable[PromptCount]:
+    """Every item's tokens as the engine renders them, after the cheap floor: the count
+    to await (the counter's own coroutine, so no frame of this one waits across it)."""
     if dialect.count_prompts is not None:
-        return await dialect.count_prompts(svc, conv, limit)
+        return dialect.count_prompts(svc, conv, limit)
     # Chat's items are the messages themselves: counted as they are, no view to build
     # (its fast path, docs/performance.md §6).
     view = None if dialect.items_are_messages else dialect.chat_view(conv)
@@ -292,8 +304,8 @@ async def _count(
         if floor:
             raise context_length_exceeded(floor, limit, at_least=True)
     if view is None:
-        return await svc.counter.count(messages, tools=conv.tools, model=conv.model)
-    return await _per_item(svc, dialect, conv, view)
+        return svc.counter.count(messages, tools=conv.tools, model=conv.model)
+    return _per_item(svc, dialect, conv, view)
 
 
 async def _per_item(

@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from proxy.compaction.fold import fold, unfold
-from proxy.compaction.items import expand, make
+from proxy.compaction.items import carries, expand, make
 from proxy.compaction.seal import PREFIX, CompactionRefused, Sealer, key_from_text
 from proxy.ladder import placeholder
 from proxy.metrics import Metrics
@@ -121,3 +121,20 @@ def test_key_from_text() -> None:
     assert key_from_text("ab" * 32) == bytes.fromhex("ab" * 32)
     assert len(key_from_text("any passphrase")) == 32
     assert key_from_text("any passphrase") == key_from_text("any passphrase")
+
+
+@pytest.mark.parametrize(
+    ("value", "found"),
+    [
+        ([user("a"), {"type": "compaction", "encrypted_content": "x"}], True),
+        ([user("a"), {"type": "compaction_trigger"}], True),
+        ([user("a"), {"role": "assistant", "content": "b"}, {"type": "function_call"}], False),
+        # What a hostile client may put there is read, never an error.
+        ([{"type": ["compaction"]}, {"type": None}, "compaction", 3], False),
+        ("compaction", False),
+        (None, False),
+        ([], False),
+    ],
+)
+def test_carries_finds_an_item_or_a_trigger_anywhere(value: Any, found: bool) -> None:
+    assert carries(value) is found

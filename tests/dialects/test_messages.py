@@ -9,6 +9,7 @@ import pytest
 
 from proxy.dialects import messages
 from proxy.dialects.conversation import Conversation
+from proxy.dialects.messages_checks import BLOCKS
 from proxy.errors import InvalidRequest
 from proxy.tokens.usage import anthropic_input_tokens, upstream_prompt_tokens
 from tests.dialects.samples import MESSAGES
@@ -189,3 +190,58 @@ def test_usage() -> None:
     answer = {"usage": {"input_tokens": 5, "cache_read_input_tokens": 100, "output_tokens": 7}}
     assert upstream_prompt_tokens(orjson.dumps(answer), anthropic_input_tokens) == 105
     assert upstream_prompt_tokens(b"{}", anthropic_input_tokens) is None
+
+
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        # A malformed later message is named before an earlier unserved role: the
+        # shape of the whole list is checked first, as before the checks shared its pass.
+        (
+            {"messages": [{"role": "tool", "content": "x"}, {"role": "user", "content": 1}]},
+            "messages[1].content must be",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "x"}, {"role": "tool", "content": "y"}]},
+            "messages[1].role must be 'user' or 'assistant', not 'tool'",
+        ),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": [{"type": "text", "text": "a"}]},
+                    {"role": "assistant", "content": [{"type": "search_result"}, 2]},
+                ]
+            },
+            "messages[1].content must be",
+        ),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": "a"},
+                    {"role": "assistant", "content": [{"type": "text"}, {"type": "document"}]},
+                ]
+            },
+            "messages[1].content[1]: block type 'document' is not served",
+        ),
+    ],
+    ids=["shape-first", "role", "block-shape-first", "block-kind"],
+)
+def test_the_first_refusal_is_named_shape_before_kind(body: dict[str, Any], words: str) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        _parse(body)
+    assert info.value.param == "messages"
+    assert words in info.value.message
+
+
+def test_every_served_role_and_block_kind_passes() -> None:
+    blocks = [{"type": kind} for kind in sorted(BLOCKS)]
+    conv = _parse(
+        {
+            "messages": [
+                {"role": "system", "content": "s"},
+                {"role": "user", "content": blocks},
+                {"role": "assistant", "content": []},
+            ]
+        }
+    )
+    assert [m["role"] for m in conv.items] == ["system", "user", "assistant"]

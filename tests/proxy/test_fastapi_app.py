@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import httpx
 from fastapi import Depends, FastAPI, Header, HTTPException
+from fastapi.routing import APIRoute
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -133,3 +134,36 @@ async def test_the_catch_all_does_not_swallow_fastapis_own_routes(
     assert head.status_code == 200  # HEAD on the probes as before
     assert [m["id"] for m in relayed.json()["data"]] == ["sim-model"]
     assert "/redoc" not in {r["path"] for r in sim_upstream.requests()}
+
+
+PROMPT_BODIES: dict[str, dict[str, Any]] = {
+    "/v1/chat/completions": CHAT,
+    "/v1/responses": {"model": "sim-model", "input": "hi", "max_output_tokens": 4, "store": False},
+    "/v1/messages": {**CHAT, "max_tokens": 4},
+    "/v1/completions": {"model": "sim-model", "prompt": "hi", "max_tokens": 4},
+}
+
+
+async def test_every_prompt_route_is_served_ahead_of_the_router(
+    app_proxy: StartApp, sim_upstream: SimUpstream
+) -> None:
+    proxy = await app_proxy(tokenizer="approx")
+    dialects = proxy.app.state.dialects.dialects
+    assert set(PROMPT_BODIES) == {d.path for d in dialects}
+    # The router's own prompt routes taken out: what still serves them (counted, the
+    # proxy's headers on the answer, nothing relayed blind) is DirectRoute.
+    proxy.app.router.routes[:] = [
+        r
+        for r in proxy.app.router.routes
+        if not (isinstance(r, APIRoute) and r.path in PROMPT_BODIES and "POST" in (r.methods or ()))
+    ]
+    for path, body in PROMPT_BODIES.items():
+        answer = await proxy.client.post(path, json=body)
+        assert answer.status_code == 200, (path, answer.text)
+        assert answer.headers["x-trimproxy-prompt-tokens"], path
+        # A refusal in the dialect's envelope, as its route's handler answers it.
+        refused = await proxy.client.post(path, content=b"{")
+        assert refused.status_code == 400, path
+        envelope = refused.json()
+        assert envelope["error"]["type"] == "invalid_request_error", path
+        assert ("type" in envelope) is (path == "/v1/messages"), path  # Anthropic's
