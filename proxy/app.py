@@ -75,11 +75,12 @@ def create_app(
     app.add_exception_handler(Exception, _unexpected)
     quiet_relay_aborts()
     # Added innermost first: Accounting sees every answer, the 401s and 429s too.
-    # DirectRoute is innermost, so it serves the first dialect's route (chat's) ahead of
-    # FastAPI's exception middleware, router and dependency solving; middleware an
-    # operator adds later is outside it and sees the chat requests (docs/fastapi.md).
-    chat = table.dialects[0]
-    app.add_middleware(DirectRoute, dialect=chat)
+    # A DirectRoute per prompt route, innermost, serves it ahead of FastAPI's exception
+    # middleware, router and dependency solving; the first row's (chat's) outermost, so
+    # chat passes no other. Middleware an operator adds later is outside them all and
+    # sees every prompt request (docs/fastapi.md).
+    for dialect in reversed(table.dialects):
+        app.add_middleware(DirectRoute, dialect=dialect)
     if settings.max_in_flight:
         app.add_middleware(InFlightLimit, limit=settings.max_in_flight, table=table)
     if settings.api_key_set:
