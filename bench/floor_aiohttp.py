@@ -11,7 +11,7 @@ costs on its own. Run by ``bench/overhead.py``:
 from __future__ import annotations
 
 import argparse
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
 import uvloop
@@ -30,26 +30,33 @@ def build(upstream: str) -> web.Application:
     async def healthz(request: web.Request) -> web.Response:
         return web.Response()
 
-    async def chat(request: web.Request) -> web.StreamResponse:
-        body = await request.read()
-        headers = {"Content-Type": "application/json"}
-        http = request.app[_HTTP]
-        async with http.post(f"{upstream}/v1/chat/completions", data=body, headers=headers) as up:
-            kind = up.headers.get("Content-Type", "application/json")
-            if kind.startswith("text/event-stream"):
-                out = web.StreamResponse(status=up.status, headers={"Content-Type": kind})
-                await out.prepare(request)
-                async for chunk in up.content.iter_any():
-                    await out.write(chunk)
-                await out.write_eof()
-                return out
-            return web.Response(body=await up.read(), status=up.status, content_type=None,
-                                headers={"Content-Type": kind})  # fmt: skip
+    def relay(path: str) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        url = upstream + path
+
+        async def relayed(request: web.Request) -> web.StreamResponse:
+            body = await request.read()
+            headers = {"Content-Type": "application/json"}
+            http = request.app[_HTTP]
+            async with http.post(url, data=body, headers=headers) as up:
+                kind = up.headers.get("Content-Type", "application/json")
+                if kind.startswith("text/event-stream"):
+                    out = web.StreamResponse(status=up.status, headers={"Content-Type": kind})
+                    await out.prepare(request)
+                    async for chunk in up.content.iter_any():
+                        await out.write(chunk)
+                    await out.write_eof()
+                    return out
+                return web.Response(body=await up.read(), status=up.status, content_type=None,
+                                    headers={"Content-Type": kind})  # fmt: skip
+
+        return relayed
 
     app = web.Application()
     app.cleanup_ctx.append(client)
     app.router.add_get("/healthz", healthz)
-    app.router.add_post("/v1/chat/completions", chat)
+    # The Responses route too, for bench/responses_peer.py: the same bytes relayed.
+    for path in ("/v1/chat/completions", "/v1/responses"):
+        app.router.add_post(path, relay(path))
     return app
 
 

@@ -3,7 +3,10 @@
 Both gateways stand in front of one ``trimproxy sim`` (vLLM's dialect, answers at once)
 and get the same requests from an aiohttp client; each arm's CPU is the gateway
 process's utime + stime (from /proc) over its requests, per request. The arms are
-interleaved round by round, so a load change on this shared machine falls on both.
+interleaved round by round, so a load change on this shared machine falls on all.
+Beside them, ``floor-aiohttp`` (``bench/floor_aiohttp.py``: aiohttp's server and
+client relaying the bytes, nothing parsed) is what any Python gateway pays before it
+does anything; it stores nothing, so it has no ``chains`` cell.
 
 * ``stateless``: a 10-turn ``input`` list (10 user, 9 assistant messages, ~4 kB),
   ``store: false``;
@@ -40,6 +43,7 @@ from bench import overhead  # noqa: E402
 PEER_PIN = "agentic-api==0.9.0"
 MODEL = "sim-model"
 WORKLOADS = ("stateless", "streamed", "chains")
+PEER, FLOOR, OURS = "agentic-api", "floor-aiohttp", "trimproxy"
 _PROSE = (
     "the agent reads the failing test opens the module and explains which change keeps "
     "every caller working before it edits one function and runs the suite again"
@@ -162,12 +166,15 @@ def measure(
     arms: dict[str, overhead.Server], args: argparse.Namespace
 ) -> dict[tuple[str, str], Cell]:
     cells = {(arm, w): Cell() for arm in arms for w in args.workloads}
-    for server in arms.values():
+    for arm, server in arms.items():
         for workload in args.workloads:
-            asyncio.run(send(server.url + "/v1/responses", workload, 20, args.connections))
+            if _serves(arm, workload):
+                asyncio.run(send(server.url + "/v1/responses", workload, 20, args.connections))
     for _ in range(args.rounds):
         for workload in args.workloads:
             for arm, server in arms.items():
+                if not _serves(arm, workload):
+                    continue
                 before = overhead.cpu_seconds(server.pid)
                 url = server.url + "/v1/responses"
                 asyncio.run(send(url, workload, args.requests, args.connections))
@@ -177,16 +184,28 @@ def measure(
     return cells
 
 
+def _serves(arm: str, workload: str) -> bool:
+    return arm != FLOOR or workload != "chains"
+
+
 def table(cells: dict[tuple[str, str], Cell], args: argparse.Namespace) -> str:
+    """Each arm's ms a request and its ratio to agentic-api's (``nan`` where a cell
+    has none: the floor's chains, or a peer cell read as 0 ticks)."""
     lines = [
         f"c={args.connections}, {args.rounds} rounds x {args.requests} requests a workload and arm",
-        f"{'workload':<11}{'agentic-api ms':>16}{'trimproxy ms':>14}{'ratio':>8}",
+        f"{'workload':<11}{'agentic-api ms':>16}{'trimproxy ms':>14}{'ratio':>8}"
+        f"{'floor ms':>10}{'ratio':>8}",
     ]
     for w in args.workloads:
-        peer, ours = cells["agentic-api", w], cells["trimproxy", w]
+        peer, ours = cells[PEER, w], cells[OURS, w]
+        floor = cells.get((FLOOR, w), Cell())
         # CPU time comes in clock ticks (10 ms): a short run may read 0 for the peer.
-        ratio = ours.ms / peer.ms if peer.ms else float("nan")
-        lines.append(f"{w:<11}{peer.ms:>16.3f}{ours.ms:>14.3f}{ratio:>8.2f}")
+        ratio, floor_ratio = (
+            (ours.ms / peer.ms, floor.ms / peer.ms) if peer.ms else (float("nan"),) * 2
+        )
+        lines.append(
+            f"{w:<11}{peer.ms:>16.3f}{ours.ms:>14.3f}{ratio:>8.2f}{floor.ms:>10.3f}{floor_ratio:>8.2f}"
+        )
     return "\n".join(lines)
 
 
@@ -201,8 +220,9 @@ def main(argv: list[str] | None = None) -> int:
     sim = overhead.start_sim(workdir)
     arms: dict[str, overhead.Server] = {}
     try:
-        arms["agentic-api"] = start_peer(sim, workdir)
-        arms["trimproxy"] = start_proxy(sim, workdir)
+        arms[PEER] = start_peer(sim, workdir)
+        arms[FLOOR] = overhead.start_floor(FLOOR, sim.url, workdir)
+        arms[OURS] = start_proxy(sim, workdir)
         cells = measure(arms, args)
     finally:
         for server in arms.values():

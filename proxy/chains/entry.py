@@ -8,8 +8,12 @@ ancestor was evicted cannot be continued (the client is told so and sends the wh
 conversation again).
 
 On the wire (the memory store's bytes and Redis's value alike) an entry is its
-parent's key, a newline, then the JSON: a Lua script finds the parent without
-decoding the JSON.
+parent's key, a newline, then two JSON lines: the turn (its input, the response's
+output items, the chain's session), then the response object with ``output`` null
+(put back when it is read whole). A Lua script finds the parent without decoding the
+JSON, and a chain's walk decodes only each entry's turn: the rest of a response object
+(some 900 bytes of vLLM's fields) was most of a chain's decoding (docs/performance.md
+§5b). An entry of the earlier layout (the parent, then one JSON object) is still read.
 """
 
 from __future__ import annotations
@@ -20,6 +24,16 @@ from typing import Any
 import orjson
 
 from proxy.types import JSONObject
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """What a chain's walk reads of an entry: its part of the conversation (its input
+    items, then its response's output items) and the chain's session."""
+
+    items: list[Any]
+    session_key: str | None = None
+    session_shown: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,19 +51,19 @@ class Stored:
     def items(self) -> list[Any]:
         """This turn's part of the conversation: its input items, then the response's
         output items."""
-        output = self.response.get("output")
-        return [*self.input, *(output if isinstance(output, list) else [])]
+        return _items(self.input, self.response.get("output"))
 
     def encode(self) -> bytes:
-        body = orjson.dumps(
+        turn = orjson.dumps(
             {
-                "response": self.response,
                 "input": self.input,
+                "output": self.response.get("output"),
                 "session_key": self.session_key,
                 "session_shown": self.session_shown,
             }
         )
-        return (self.parent or "").encode() + b"\n" + body
+        rest = orjson.dumps({**self.response, "output": None})  # its place kept
+        return b"\n".join(((self.parent or "").encode(), turn, rest))
 
     @classmethod
     def decode(cls, raw: bytes) -> Stored | None:
@@ -57,23 +71,58 @@ class Stored:
         parent, sep, body = raw.partition(b"\n")
         if not sep:
             return None
-        try:
-            value: Any = orjson.loads(body)
-        except orjson.JSONDecodeError:
+        line, sep, rest = body.partition(b"\n")
+        turn = _object(line)
+        if turn is None:
             return None
-        if not isinstance(value, dict):
-            return None
-        response, items = value.get("response"), value.get("input")
+        if sep:  # the turn, then the response without its output
+            response = _object(rest)
+            if response is None or "output" not in response:
+                return None
+            response["output"] = turn.get("output")
+        else:
+            response = turn.get("response")
+        items = turn.get("input")
         if not isinstance(response, dict) or not isinstance(items, list):
             return None
-        key, shown = value.get("session_key"), value.get("session_shown")
-        return cls(
-            response,
-            items,
-            key if isinstance(key, str) else None,
-            shown if isinstance(shown, str) else None,
-            parent.decode("ascii", "replace") or None,
-        )
+        key, shown = _session(turn)
+        return cls(response, items, key, shown, parent.decode("ascii", "replace") or None)
+
+
+def turn_of(raw: bytes) -> Turn | None:
+    """The turn of an encoded entry, the rest of its response object left undecoded;
+    None where ``Stored.decode`` finds no entry either."""
+    _, sep, body = raw.partition(b"\n")
+    if not sep:
+        return None
+    line, sep, _ = body.partition(b"\n")
+    if not sep:  # the earlier layout: one object, decoded whole
+        stored = Stored.decode(raw)
+        if stored is None:
+            return None
+        return Turn(stored.items(), stored.session_key, stored.session_shown)
+    turn = _object(line)
+    items = None if turn is None else turn.get("input")
+    if turn is None or not isinstance(items, list):
+        return None
+    return Turn(_items(items, turn.get("output")), *_session(turn))
+
+
+def _items(items: list[Any], output: Any) -> list[Any]:
+    return [*items, *(output if isinstance(output, list) else [])]
+
+
+def _object(raw: bytes) -> JSONObject | None:
+    try:
+        value: Any = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _session(value: JSONObject) -> tuple[str | None, str | None]:
+    key, shown = value.get("session_key"), value.get("session_shown")
+    return (key if isinstance(key, str) else None, shown if isinstance(shown, str) else None)
 
 
 def parent_of(raw: bytes) -> str | None:

@@ -16,7 +16,7 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from proxy.chains.entry import Stored
+from proxy.chains.entry import Stored, Turn
 from proxy.chains.memory import MemoryStore
 from proxy.chains.store import ChainBroken, ChainTooLong, ResponseStore, StoreUnavailable
 from proxy.errors import PreviousResponseNotFound, ResponseNotFound, ResponseStoreUnavailable
@@ -55,8 +55,8 @@ def _digest(*parts: str) -> str:
 class Found:
     """A chain a request continues: its conversation so far and where it ends."""
 
-    stored: Stored
-    """The response continued (the chain's last)."""
+    last: Turn
+    """The turn of the response continued (the chain's last)."""
     items: list[object]
     """The chain's conversation: each turn's input items, then its output items."""
     key: str
@@ -155,7 +155,7 @@ class Keeper:
                 "conversation as 'input' instead.",
                 param=param,
             )
-        items = [item for entry in walked.entries for item in entry.items()]
+        items = [item for turn in walked.entries for item in turn.items]
         return Found(walked.entries[-1], items, key, walked.size)
 
     async def keep(self, key: str, stored: Stored, chain_size: int = 0) -> bool:

@@ -6,7 +6,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
-from proxy.chains.entry import Stored, parent_of
+from proxy.chains.entry import Stored, parent_of, turn_of
 from proxy.chains.store import Chain, ChainBroken, ChainTooLong
 
 
@@ -58,7 +58,7 @@ class MemoryStore:
                 raise ChainTooLong(key)
             found.append(raw)
             at = parent_of(raw)
-        entries = [Stored.decode(raw) for raw in reversed(found)]
+        entries = [turn_of(raw) for raw in reversed(found)]
         return Chain([e for e in entries if e is not None], size)
 
     async def put(self, key: str, raw: bytes) -> bool:

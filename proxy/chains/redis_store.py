@@ -28,7 +28,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from proxy.chains.entry import Stored
+from proxy.chains.entry import Stored, turn_of
 from proxy.chains.store import Chain, ChainBroken, ChainTooLong, StoreUnavailable
 from proxy.redis_client import FAILURES, answers, connect
 
@@ -170,7 +170,7 @@ class RedisStore:
         if status == b"long":
             raise ChainTooLong(key)
         raws = [raw for raw in answer[1:] if isinstance(raw, bytes)]
-        entries = [Stored.decode(raw) for raw in reversed(raws)]
+        entries = [turn_of(raw) for raw in reversed(raws)]
         return Chain([e for e in entries if e is not None], sum(map(len, raws)))
 
     async def put(self, key: str, raw: bytes) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from proxy.chains.entry import Stored
+from proxy.chains.entry import Stored, Turn
 
 
 class StoreUnavailable(Exception):
@@ -22,8 +22,8 @@ class ChainTooLong(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Chain:
-    entries: list[Stored]
-    """The chain's entries, its first response first; the one asked for last."""
+    entries: list[Turn]
+    """The chain's turns, its first response's first; the one asked for last."""
     size: int
     """Their encoded bytes together."""
 

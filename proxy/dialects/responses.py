@@ -12,6 +12,7 @@ turn they stand in and pass through untouched.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from proxy.body import common_fields, load_object, positive_int
 from proxy.dialects.conversation import (
@@ -55,14 +56,13 @@ def _build(body: JSONObject) -> Conversation:
             param="instructions",
         )
     head: list[object] = [instructions] if instructions else []
-    entries = _input(body)
-    items = [*head, *entries]
-    kinds = ["system"] * len(head) + [_kind(item) for item in entries]
-    keys = [()] * len(head) + [_pair_keys(item) for item in entries]
+    kinds = ["system"] * len(head)
+    keys: list[tuple[str, ...]] = [()] * len(head)
+    entries = _input(body, kinds, keys)
     return Conversation(
         endpoint="responses",
         body=body,
-        items=items,
+        items=[*head, *entries],
         roles=turn_roles(kinds, keys),
         head=len(head),
         model=model,
@@ -73,25 +73,45 @@ def _build(body: JSONObject) -> Conversation:
     )
 
 
-def _input(body: JSONObject) -> list[object]:
+def _input(body: JSONObject, kinds: list[str], keys: list[tuple[str, ...]]) -> list[Any]:
+    """The input items, each checked, its own role appended to ``kinds`` and its pair
+    keys to ``keys``: one pass, as every request pays it (docs/performance.md §5b)."""
     if "input" not in body or body["input"] is None:
         raise InvalidRequest(
             "'input' is required: a string or a list of input items.", param="input"
         )
     value = body["input"]
     if isinstance(value, str):
+        kinds.append("user")
+        keys.append(())
         return [value]
     if not isinstance(value, list):
         raise InvalidRequest("'input' must be a string or a list of input items.", param="input")
     for i, item in enumerate(value):
         if not isinstance(item, dict):
             raise InvalidRequest(f"input[{i}] must be an object.", param="input")
-        if item.get("type", "message") == "message" and not isinstance(item.get("role"), str):
-            raise InvalidRequest(
-                f"input[{i}] is a message without a 'role' string; give it 'role' "
-                "(user, assistant, system or developer).",
-                param="input",
-            )
+        kind = item.get("type")
+        role = item.get("role")
+        if kind is None or kind == "message":
+            if isinstance(role, str):
+                kinds.append(role)
+            elif kind is None and "type" in item:  # an explicit null type asks no role
+                kinds.append("assistant")
+            else:
+                raise InvalidRequest(
+                    f"input[{i}] is a message without a 'role' string; give it 'role' "
+                    "(user, assistant, system or developer).",
+                    param="input",
+                )
+        else:
+            kinds.append(_kind(item))
+        if kind == "mcp_approval_request":
+            key = item.get("id")
+        elif kind == "mcp_approval_response":
+            key = item.get("approval_request_id")
+        else:
+            key = item.get("call_id")
+        keys.append((key,) if isinstance(key, str) else ())
     return list(value)
 
 
@@ -127,19 +147,6 @@ def _kind(item: object) -> str:
     if isinstance(kind, str) and kind.endswith("_output"):
         return "tool"
     return "assistant"
-
-
-def _pair_keys(item: object) -> tuple[str, ...]:
-    if not isinstance(item, dict):
-        return ()
-    kind = item.get("type")
-    if kind == "mcp_approval_request":
-        key = item.get("id")
-    elif kind == "mcp_approval_response":
-        key = item.get("approval_request_id")
-    else:
-        key = item.get("call_id")
-    return (key,) if isinstance(key, str) else ()
 
 
 def _user(body: JSONObject) -> str | None:

@@ -48,13 +48,33 @@ def to_chat(conv: Conversation, kept: Sequence[int]) -> tuple[list[Message], lis
     messages: list[Message] = []
     owner: list[int] = []
     items = conv.items
+    head = conv.head
     for i in kept:
         item = items[i]
-        if i < conv.head:
+        if i < head:
             message: Message | None = {"role": "system", "content": item}
         elif isinstance(item, str):
             message = {"role": "user", "content": item}
         else:
+            # A plain message item, the common one, decided here without a call to
+            # ``_from_item`` (the same outcome: every request's every item passes here,
+            # docs/performance.md §5b): a user, system or developer message is passed on
+            # as it is, an assistant's text after anything but an assistant message is
+            # a message of its own.
+            kind = item.get("type")
+            role = item.get("role")
+            content = item.get("content")
+            if (kind is None or kind == "message") and role is not None:
+                if role != "assistant":
+                    messages.append(item)
+                    owner.append(i)
+                    continue
+                if content.__class__ is str and (
+                    not messages or messages[-1].get("role") != "assistant"
+                ):
+                    messages.append({"role": "assistant", "content": content})
+                    owner.append(i)
+                    continue
             message = _from_item(item, messages[-1] if messages else None)
         if message is not None:
             messages.append(message)

@@ -102,10 +102,10 @@ async def link(svc: Services, conv: Conversation, headers: Mapping[str, str]) ->
         items = [*found.items, *own]
         conv = responses.with_input(replace(conv, body=out), items)
         out = conv.body
-        stored = found.stored
-        if stored.session_key is not None:
-            shown = stored.session_shown or stored.session_key
-            session = Identity(stored.session_key, shown, "chain")
+        last = found.last
+        if last.session_key is not None:
+            shown = last.session_shown or last.session_key
+            session = Identity(last.session_key, shown, "chain")
     else:
         conv = replace(conv, body=out)
     return Link(conv, orjson.dumps(out), keep, session, rid, own, parent, size)

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from proxy.chains.entry import Stored
+from proxy.chains.entry import Stored, Turn
 from proxy.chains.memory import MemoryStore
 from proxy.chains.redis_store import KEY_PREFIX, TOTAL, RedisStore
 from proxy.chains.store import ChainBroken, ChainTooLong, ResponseStore
@@ -56,7 +56,7 @@ async def test_a_chain_is_read_by_its_parent_links(
     turns = await three_turns(store)
     chain = await store.chain("c", BIG)
     assert chain is not None
-    assert chain.entries == turns
+    assert chain.entries == [Turn(t.items(), t.session_key, t.session_shown) for t in turns]
     assert chain.size == sum(len(t.encode()) for t in turns)
     assert await store.chain("nothing", BIG) is None
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import httpx
 import openai
+import orjson
 import pytest
 
 from tests.compaction.helpers import (
@@ -131,6 +132,21 @@ def test_compaction_trigger_answers_exactly_one_item(
     assert [i.type for i in done] == ["compaction"]
     assert [i.type for i in response.output] == ["compaction"]
     assert response.usage is not None and response.usage.input_tokens > 0
+    assert sim_upstream.requests("/v1/responses") == []
+
+
+def test_a_trigger_spelled_in_escapes_is_answered_too(
+    proxy_server: StartProxy, sim_upstream: SimUpstream
+) -> None:
+    """JSON may spell a type in \\u escapes: the proxy looks past the bytes it skims."""
+    proxy = start(proxy_server)
+    body = {"model": "sim-model", "input": [*agent_input(2), {"type": "TRIGGER"}], "store": False}
+    raw = orjson.dumps(body).replace(b'"TRIGGER"', b'"\\u0063ompaction_trigger"')
+    assert b"compaction" not in raw
+    headers = {"content-type": "application/json"}
+    got = httpx.post(f"{proxy.api_base}/responses", content=raw, headers=headers, timeout=30)
+    assert got.status_code == 200
+    assert [i["type"] for i in got.json()["output"]] == ["compaction"]
     assert sim_upstream.requests("/v1/responses") == []
 
 

@@ -90,6 +90,30 @@ async def test_an_operators_route_dependency_and_middleware_work(sim_upstream: S
     assert seen == ["/operator/whoami", "/operator/whoami", "/v1/chat/completions", "/healthz"]
 
 
+#: A small request on every prompt route of the dialect table.
+PROMPTS = {
+    "/v1/chat/completions": CHAT,
+    "/v1/responses": {"model": "sim-model", "input": "hi", "max_output_tokens": 4},
+    "/v1/messages": {"model": "sim-model", "messages": CHAT["messages"], "max_tokens": 4},
+    "/v1/completions": {"model": "sim-model", "prompt": "hi", "max_tokens": 4},
+}
+
+
+async def test_every_prompt_route_passes_an_operators_middleware(sim_upstream: SimUpstream) -> None:
+    """Each prompt route is served ahead of FastAPI's router, below every middleware."""
+    seen: list[str] = []
+    async with served(operator_app(sim_upstream, seen)) as url, httpx.AsyncClient() as client:
+        answers = {path: await client.post(url + path, json=body) for path, body in PROMPTS.items()}
+        other = await client.get(f"{url}/v1/responses")
+    for path, answer in answers.items():
+        assert answer.status_code == 200, (path, answer.text)
+        assert answer.headers["x-operator"] == "1" and answer.headers["x-operator-http"] == "1"
+        assert int(answer.headers["x-trimproxy-prompt-tokens"]) > 0
+    assert seen == [*PROMPTS, "/v1/responses"]
+    # Another method on a prompt path still goes to the router.
+    assert other.status_code == 405 and "POST" in other.headers["allow"]
+
+
 async def test_docs_and_openapi_list_the_proxys_routes(sim_upstream: SimUpstream) -> None:
     app = create_app(make_settings(sim_upstream.url, tokenizer="approx"), Metrics())
     async with served(app) as url, httpx.AsyncClient() as client:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import orjson
 
 from proxy.tokens import estimate_error
@@ -65,3 +67,22 @@ def test_the_dialects_usage_is_read_too() -> None:
     assert upstream_prompt_tokens(message, anthropic_input_tokens) == 42
     wrong = orjson.dumps({"usage": {"input_tokens": "10"}})
     assert upstream_prompt_tokens(wrong, anthropic_input_tokens) is None
+
+
+def test_a_responses_usage_is_read_where_the_usage_opens() -> None:
+    trap = 'it said "usage": {"input_tokens": 999} ' * 3  # escaped inside JSON
+    text = {"type": "output_text", "text": trap, "annotations": []}
+    answer: dict[str, object] = {
+        "id": "resp_1",
+        "output": [{"type": "message", "role": "assistant", "content": [text]}],
+        "usage": {"input_tokens": 40, "output_tokens": 3, "total_tokens": 43},
+        "user": None,
+    }
+    assert upstream_prompt_tokens(orjson.dumps(answer), input_tokens) == 40
+    spaced = json.dumps(answer, indent=1).encode()  # blanks and newlines between tokens
+    assert upstream_prompt_tokens(spaced, input_tokens) == 40
+    # A usage that does not open with input_tokens is read by parsing the answer.
+    answer["usage"] = {"output_tokens": 3, "input_tokens": 41}
+    assert upstream_prompt_tokens(orjson.dumps(answer), input_tokens) == 41
+    answer["usage"] = {"output_tokens": 3}
+    assert upstream_prompt_tokens(orjson.dumps(answer), input_tokens) is None
