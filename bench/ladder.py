@@ -11,16 +11,28 @@ The process CPU time (``time.process_time``) per request of each (the least of
 (docs/architecture.md §6: each output is counted cleared once, every other item keeps
 the count it had, so the ratio stays small).
 
+A loaded machine moves CPU time by tens of percent; ``--callgrind`` counts instructions
+instead (~1 % apart from run to run): the script runs itself under valgrind's callgrind
+and dumps its own counters around each run (``callgrind_control -d``), so start-up and
+warm-up are not counted, and prints Ir per request of each body.
+
     .venv/bin/python bench/ladder.py                        # a few seconds
     .venv/bin/python bench/ladder.py --rounds 400 --requests 200
+    .venv/bin/python bench/ladder.py --callgrind            # a few minutes: Ir per request
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import glob
+import os
+import re
+import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -91,16 +103,57 @@ async def _one(svc: Services, raw: bytes) -> Prepared:
     return await prepare(chat, parse_chat(raw), raw, Headers(raw=[]), svc, RequestFacts("b"))
 
 
-async def _per_request(svc: Services, raw: bytes, requests: int) -> tuple[float, Prepared]:
+#: What a run costs: called before it, it answers the function that reads the cost
+#: after it (CPU seconds, or instructions under callgrind).
+Meter = Callable[[], Callable[[], float]]
+
+
+def cpu_time() -> Callable[[], float]:
     began = time.process_time()
+    return lambda: time.process_time() - began
+
+
+def callgrind(out: str) -> Meter:
+    """Instructions, from this process's own counters (it runs under callgrind, its
+    parts written to ``out.<pid>.<n>``): a dump before a run zeroes them, the one after
+    holds the run, all but the tail and head of the two ``callgrind_control`` calls."""
+    pid = str(os.getpid())
+
+    def dump() -> None:
+        subprocess.run(["callgrind_control", "-d", pid], check=True, capture_output=True)
+
+    def read() -> float:
+        dump()
+        parts = glob.glob(f"{out}.{pid}.*")
+        newest = max(parts, key=lambda p: int(p.rsplit(".", 1)[1]))
+        text = Path(newest).read_text(errors="replace")
+        total = re.search(r"^(?:summary|totals):\s+(\d+)", text, re.M)
+        if total is None:
+            raise SystemExit(f"no totals in {newest}")
+        return float(total.group(1))
+
+    def start() -> Callable[[], float]:
+        dump()
+        return read
+
+    return start
+
+
+async def _per_request(
+    svc: Services, raw: bytes, requests: int, meter: Meter
+) -> tuple[float, Prepared]:
+    stop = meter()
     for _ in range(requests):
         last = await _one(svc, raw)
-    return (time.process_time() - began) / requests, last
+    return stop() / requests, last
 
 
-async def measure(rounds: int, requests: int, warmup: int, repeats: int = 5) -> dict[str, Any]:
-    """Both bodies' CPU per request, the least of ``repeats`` alternating runs of each
-    (a shared machine's load falls on both alike, and the least is the least disturbed)."""
+async def measure(
+    rounds: int, requests: int, warmup: int, repeats: int = 5, meter: Meter = cpu_time
+) -> dict[str, Any]:
+    """Both bodies' cost per request (``meter``'s: CPU seconds by default), the least of
+    ``repeats`` alternating runs of each (a shared machine's load falls on both alike,
+    and the least is the least disturbed)."""
     body = agent_body(rounds)
     raw = orjson.dumps(body)
     upstream = Upstream(make_settings("http://127.0.0.1:9"))
@@ -113,8 +166,8 @@ async def measure(rounds: int, requests: int, warmup: int, repeats: int = 5) -> 
                 await _one(svc, raw)
         plains, clears = [], []
         for _ in range(repeats):
-            plain, plain_p = await _per_request(whole, raw, requests)
-            cleared, cleared_p = await _per_request(tight, raw, requests)
+            plain, plain_p = await _per_request(whole, raw, requests, meter)
+            cleared, cleared_p = await _per_request(tight, raw, requests, meter)
             plains.append(plain)
             clears.append(cleared)
     finally:
@@ -124,27 +177,55 @@ async def measure(rounds: int, requests: int, warmup: int, repeats: int = 5) -> 
         "received": plain_p.received_tokens,
         "forwarded": cleared_p.forwarded_tokens,
         "budget": cleared_p.budget,
-        "cleared": int(cleared_p.headers.get(CLEARED_TOOL_OUTPUTS, "0")),
-        "whole_ms": min(plains) * 1000,
-        "cleared_ms": min(clears) * 1000,
+        "outputs_cleared": int(cleared_p.headers.get(CLEARED_TOOL_OUTPUTS, "0")),
+        "whole": min(plains),
+        "cleared": min(clears),
         "ratio": min(clears) / min(plains),
         "forwarded_whole": plain_p.body is raw,
     }
 
 
+def _under_callgrind(args: argparse.Namespace) -> int:
+    """This script again, under callgrind, its counters dumped around each run."""
+    with tempfile.TemporaryDirectory(prefix="ladder-callgrind-") as tmp:
+        out = os.path.join(tmp, "ladder")
+        command = [
+            "valgrind", "--tool=callgrind", f"--callgrind-out-file={out}.%p",
+            f"--log-file={out}.log",
+            sys.executable, __file__, f"--rounds={args.rounds}",
+            f"--requests={args.requests}", f"--warmup={args.warmup}",
+            f"--repeats={args.repeats}", f"--callgrind-out={out}",
+        ]  # fmt: skip
+        return subprocess.run(command, check=False).returncode
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=200)
-    parser.add_argument("--requests", type=int, default=100)
+    parser.add_argument("--requests", type=int, default=None, help="a run [100; 30 callgrind]")
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=None, help="[5; 1 under callgrind]")
+    parser.add_argument("--callgrind", action="store_true", help="Ir per request, not CPU")
+    parser.add_argument("--callgrind-out", help=argparse.SUPPRESS)  # the run under valgrind
     args = parser.parse_args(argv)
+    counting = args.callgrind or args.callgrind_out is not None
+    if args.requests is None:
+        args.requests = 30 if counting else 100
+    if args.repeats is None:
+        args.repeats = 1 if counting else 5
+    if args.callgrind:
+        return _under_callgrind(args)
     settle_heap()  # the heap as the serving process settles it (proxy.app)
-    r = asyncio.run(measure(args.rounds, args.requests, args.warmup, args.repeats))
+    meter = cpu_time if args.callgrind_out is None else callgrind(args.callgrind_out)
+    r = asyncio.run(measure(args.rounds, args.requests, args.warmup, args.repeats, meter))
     print(f"agent body: {args.rounds} rounds, {r['bytes'] / 1024:.0f} kB, {r['received']} tokens")
-    whole = r["forwarded_whole"]
-    print(f"whole:   {r['whole_ms']:.3f} ms CPU a request (forwarded as it came: {whole})")
-    print(f"cleared: {r['cleared_ms']:.3f} ms CPU a request ({r['cleared']} outputs cleared, "
+    whole, cleared = (
+        (f"{r['whole'] * 1000:.3f} ms CPU", f"{r['cleared'] * 1000:.3f} ms CPU")
+        if args.callgrind_out is None
+        else (f"{r['whole']:,.0f} Ir", f"{r['cleared']:,.0f} Ir")
+    )
+    print(f"whole:   {whole} a request (forwarded as it came: {r['forwarded_whole']})")
+    print(f"cleared: {cleared} a request ({r['outputs_cleared']} outputs cleared, "
           f"{r['forwarded']} tokens forwarded, budget {r['budget']})")  # fmt: skip
     print(f"ratio cleared/whole: {r['ratio']:.2f}")
     return 0

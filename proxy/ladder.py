@@ -22,7 +22,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import accumulate, pairwise
+from itertools import accumulate
 
 from proxy.errors import ContextLengthExceeded, context_length_exceeded
 from proxy.trimming import HEAD_ROLES, TrimPolicy, TrimResult, Turns, split_turns, trim
@@ -65,33 +65,64 @@ class Climb:
         return total - len(self.kept)
 
 
+# Not frozen: read-only by convention (why: proxy.types, above PromptCount).
+@dataclass(slots=True)
+class Survey:
+    """What the ladder reads of the roles, in one pass over them: a request that needs
+    clearing reads every item of an agent's task, and a pass costs about what the rest
+    of its climb does (docs/performance.md §6)."""
+
+    turns: Turns
+    """``proxy.trimming.split_turns``'."""
+    ends: list[int]
+    """``request_ends``'."""
+    tools: list[int]
+    """The items of role ``tool``, ascending (chat's tool outputs)."""
+
+
+def survey(roles: Sequence[Message]) -> Survey:
+    """The turns, the request ends and the tool items of the items' trim view."""
+    n = len(roles)
+    head = 0
+    while head < n and roles[head].get("role") in HEAD_ROLES:
+        head += 1
+    return _survey(roles, head)
+
+
+def _survey(roles: Sequence[Message], head: int) -> Survey:
+    n = len(roles)
+    users: list[int] = []
+    ends: list[int] = []
+    tools: list[int] = []
+    after = False  # the item before is not an assistant's (none counts before the head)
+    for i in range(head, n):
+        name = roles[i].get("role")
+        if name == "assistant":
+            if after:
+                ends.append(i)
+                after = False
+        else:
+            after = True
+            if name == "tool":
+                tools.append(i)
+            elif name == "user":
+                users.append(i)
+    ends.append(n)
+    first_is_user = not (head < n and (not users or users[0] != head))
+    if not first_is_user:
+        users.insert(0, head)
+    return Survey(Turns(head, tuple(users), first_is_user), ends, tools)
+
+
 def request_ends(roles: Sequence[Message], head: int) -> list[int]:
     """Where each request of the conversation ended (exclusive), the last one its
     whole length: before every assistant item that follows a non-assistant one."""
-    return _ends([m.get("role") for m in roles], head)
-
-
-def _ends(names: list[object], head: int) -> list[int]:
-    ends = [
-        i
-        for i, (before, name) in enumerate(pairwise(names[head:]), head + 1)
-        if name == "assistant" and before != "assistant"
-    ]
-    ends.append(len(names))
-    return ends
+    return _survey(roles, head).ends
 
 
 def _split(names: list[object]) -> Turns:
-    """``proxy.trimming.split_turns`` over the roles read once."""
-    n = len(names)
-    head = 0
-    while head < n and names[head] in HEAD_ROLES:
-        head += 1
-    starts = [i for i in range(head, n) if names[i] == "user"]
-    first_is_user = not (head < n and (not starts or starts[0] != head))
-    if not first_is_user:
-        starts.insert(0, head)
-    return Turns(head, tuple(starts), first_is_user)
+    """``proxy.trimming.split_turns`` of items with these roles (the survey's turns)."""
+    return survey([{"role": name} for name in names]).turns
 
 
 def climb(
@@ -103,22 +134,28 @@ def climb(
     *,
     keep: int = 3,
     history_start: int = 0,
+    surveyed: Survey | None = None,
 ) -> Climb:
     """The ladder over one request. ``outputs``: the tool outputs' item indices,
-    ascending; ``cleared_counts``: each one's count once cleared. Raises
-    ``ContextLengthExceeded`` when even rung 3 leaves it over the budget."""
+    ascending; ``cleared_counts``: each one's count once cleared; ``surveyed``: the
+    roles' ``survey`` when the caller has it. Raises ``ContextLengthExceeded`` when
+    even rung 3 leaves it over the budget."""
     per = count.per_message
     budget = policy.budget
     if budget is None or not outputs:
         return _as_climb(trim(roles, count, policy, history_start=history_start), ())
     acc = list(accumulate(per, initial=0))
-    names = [m.get("role") for m in roles]
-    turns = _split(names)
-    ends = _ends(names, turns.head)
+    surveyed = surveyed or survey(roles)
+    turns, ends = surveyed.turns, surveyed.ends
     # Only an output its placeholder makes smaller is worth clearing.
-    worth = [(i, c) for i, c in zip(outputs, cleared_counts, strict=True) if c < per[i]]
-    pos = [i for i, _ in worth]
-    saved = list(accumulate([per[i] - c for i, c in worth], initial=0))
+    gains = [per[i] - c for i, c in zip(outputs, cleared_counts, strict=True)]
+    if min(gains) > 0:  # every one: no list of them to build
+        pos, worth = outputs, cleared_counts
+    else:
+        pos = [i for i, g in zip(outputs, gains, strict=True) if g > 0]
+        worth = [c for c, g in zip(cleared_counts, gains, strict=True) if g > 0]
+        gains = [g for g in gains if g > 0]
+    saved = list(accumulate(gains, initial=0))
     common = policy.max_history_turns is None and not policy.pin_first_user and not history_start
     if common and turns.starts:
         cut, first, resume = _replay(acc, ends, turns, pos, saved, count.overhead, policy, keep)
@@ -127,7 +164,7 @@ def climb(
     cleared = pos[:cut]
     if cleared:
         after = list(per)
-        for i, c in worth[:cut]:
+        for i, c in zip(cleared, worth, strict=False):
             after[i] = c
         count = PromptCount(tuple(after), count.overhead)
     try:

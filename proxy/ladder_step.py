@@ -19,9 +19,9 @@ import orjson
 
 from proxy.dependencies import Services
 from proxy.dialects.conversation import Conversation
-from proxy.dialects.tool_outputs import ToolOutputs, placeholder_of
+from proxy.dialects.tool_outputs import ToolOutputs
 from proxy.errors import ContextLengthExceeded, context_length_exceeded
-from proxy.ladder import CLEARED, Climb, climb, placeholder, with_cleared
+from proxy.ladder import CLEARED, Climb, Survey, climb, placeholder, survey, with_cleared
 from proxy.logs import RequestFacts
 from proxy.metrics import ModelSeries
 from proxy.trimming import TrimPolicy, TrimResult
@@ -56,11 +56,13 @@ async def _proved(
     policy: TrimPolicy,
     history_start: int,
     recount: Recount,
+    surveyed: Survey | None,
 ) -> Climb:
     """The ladder's answer, recounted when the counter is not additive: over the
     budget, the budget is tightened by the excess and the ladder climbed again."""
     keep = svc.settings.keep_tool_outputs
-    climbed = climb(roles, count, outputs, cleared, policy, keep=keep, history_start=history_start)
+    climbed = climb(roles, count, outputs, cleared, policy, keep=keep,
+                    history_start=history_start, surveyed=surveyed)  # fmt: skip
     if svc.counter.additive:
         return climbed
     budget = policy.budget
@@ -76,7 +78,7 @@ async def _proved(
         tightened = replace(tightened, budget=(tightened.budget or budget) - excess)
         try:
             climbed = climb(roles, count, outputs, cleared, tightened, keep=keep,
-                            history_start=history_start)  # fmt: skip
+                            history_start=history_start, surveyed=surveyed)  # fmt: skip
         except ContextLengthExceeded:
             break
     raise context_length_exceeded(actual, policy.limit or PromptLimit(budget))
@@ -111,26 +113,37 @@ async def cleared_counts(
     framing cancels out). The contents are the client's own strings, counted on every
     request of the conversation: a counter's cache has them, and only the placeholders
     are new (docs/architecture.md §6)."""
-    content = kind.content
-    texts: list[Message] = [
-        {"role": "tool", "content": c if c.__class__ is str else _text(c)}
-        for c in map(content, map(items.__getitem__, outputs))
-    ]
-    if kind.cleared is not placeholder_of:
+    key = kind.field
+    if key is None:
+        texts: list[Message] = [{"role": "tool", "content": _text(kind.content(items[i]))}
+                                for i in outputs]  # fmt: skip
         texts += [
             {"role": "tool", "content": _text(kind.cleared(items[i], per[i]))} for i in outputs
         ]
         counted = (await svc.counter.count(texts, model=model)).per_message
         n = len(outputs)
-        return [per[i] - counted[j] + counted[n + j] for j, i in enumerate(outputs)]
+        return [per[i] - c + p for i, c, p in zip(outputs, counted, counted[n:], strict=False)]
     # A placeholder's count depends on its number's digits alone (every counter here
     # counts a run of digits by its length): one count a length, not one an output.
-    lengths = sorted({len(str(per[i])) for i in outputs})
-    texts += [{"role": "tool", "content": placeholder(10 ** (d - 1))} for d in lengths]
+    held = [per[i] for i in outputs]
+    shortest, longest = len(str(min(held))), len(str(max(held)))
+    # One loop an output, reading its text in place: a request that needs clearing
+    # counts every output of an agent's task (docs/performance.md §6).
+    texts = [
+        {"role": "tool", "content": c if (c := items[i].get(key)).__class__ is str else _text(c)}
+        for i in outputs
+    ]
+    texts += [
+        {"role": "tool", "content": placeholder(10 ** (d - 1))}
+        for d in range(shortest, longest + 1)
+    ]
     counted = (await svc.counter.count(texts, model=model)).per_message
     n = len(outputs)
-    by_length = {d: counted[n + j] for j, d in enumerate(lengths)}
-    return [per[i] - counted[j] + by_length[len(str(per[i]))] for j, i in enumerate(outputs)]
+    if shortest == longest:
+        blank = counted[n]
+        return [h - c + blank for h, c in zip(held, counted, strict=False)]
+    at = n - shortest  # counted[at + d]: the placeholder of d digits
+    return [h - c + counted[at + len(str(h))] for h, c in zip(held, counted, strict=False)]
 
 
 def _text(content: Any) -> str:
@@ -160,9 +173,11 @@ async def conversation_ladder(
     them from, the cleared outputs in place; None when the ladder is off or the
     prompt holds no tool output."""
     kind: ToolOutputs | None = w.tool_outputs
-    on = kind is not None and svc.settings.clear_tool_outputs == "auto"
-    outputs = kind.find(conv.items) if kind is not None and on else []
-    if limit is None or kind is None or not outputs:
+    if limit is None or kind is None or svc.settings.clear_tool_outputs != "auto":
+        return None
+    surveyed = survey(conv.roles) if kind.in_roles else None
+    outputs = kind.find(conv.items) if surveyed is None else surveyed.tools
+    if not outputs:
         return None
     per = count.per_message
     cleared = await cleared_counts(svc, kind, conv.items, outputs, per, conv.model)
@@ -178,7 +193,7 @@ async def conversation_ladder(
 
     policy = _policy(svc, limit)
     climbed = await _proved(
-        svc, conv.roles, count, outputs, cleared, policy, history_start, recount
+        svc, conv.roles, count, outputs, cleared, policy, history_start, recount, surveyed
     )
     dropped = _note(climbed, len(conv.items), count.total, metrics, out, facts)
     result = TrimResult(climbed.kept, climbed.tokens, _reason(climbed) if dropped else None)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.ladder import ClearOne, placeholder
+from proxy.ladder import ClearOne, placeholder, survey
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,16 +27,25 @@ class ToolOutputs:
     """What clearing replaces in an output (counted, before and after, as text)."""
     cleared: Callable[[Any, int], Any]
     """The same part once the output is cleared (``clear``'s, without the copy)."""
+    in_roles: bool = False
+    """The outputs are the items of role ``tool`` in the trim view (chat's: its items
+    are their own roles): ``proxy.ladder.survey``, the ladder's one pass over the
+    roles, finds them, and ``find`` is that."""
+    field: str | None = None
+    """The key whose whole value clearing replaces with one placeholder (chat's
+    ``content``, a Responses ``output``): ``content`` reads it, ``cleared`` is the
+    placeholder. None when clearing changes parts of the value (Messages blocks)."""
 
 
 def _chat_outputs(items: Sequence[Any]) -> list[int]:
     # Every chat message is an object with a role (``proxy.dialects.chat.parse_chat``).
-    return [i for i, m in enumerate(items) if m["role"] == "tool"]
+    return survey(items).tools
 
 
-def _chat_clear(item: object, tokens: int) -> object:
-    assert isinstance(item, dict)
-    return {**item, "content": placeholder(tokens)}
+def _chat_clear(item: Any, tokens: int) -> object:
+    cleared = item.copy()  # the client's keys in their order; a copy, never its dict
+    cleared["content"] = placeholder(tokens)
+    return cleared
 
 
 def _chat_content(item: Any) -> Any:
@@ -59,9 +68,10 @@ def _responses_outputs(items: Sequence[Any]) -> list[int]:
     ]
 
 
-def _responses_clear(item: object, tokens: int) -> object:
-    assert isinstance(item, dict)
-    return {**item, "output": placeholder(tokens)}
+def _responses_clear(item: Any, tokens: int) -> object:
+    cleared = item.copy()
+    cleared["output"] = placeholder(tokens)
+    return cleared
 
 
 def _responses_content(item: Any) -> Any:
@@ -108,6 +118,10 @@ def _messages_cleared(item: Any, tokens: int) -> Any:
     return _messages_content(_messages_clear(item, tokens))
 
 
-CHAT = ToolOutputs(_chat_outputs, _chat_clear, _chat_content, placeholder_of)
-RESPONSES = ToolOutputs(_responses_outputs, _responses_clear, _responses_content, placeholder_of)
+CHAT = ToolOutputs(
+    _chat_outputs, _chat_clear, _chat_content, placeholder_of, in_roles=True, field="content"
+)
+RESPONSES = ToolOutputs(
+    _responses_outputs, _responses_clear, _responses_content, placeholder_of, field="output"
+)
 MESSAGES = ToolOutputs(_messages_outputs, _messages_clear, _messages_content, _messages_cleared)

@@ -12,9 +12,9 @@ from bench import ladder
 def test_one_body_is_cleared_and_the_same_body_goes_whole() -> None:
     r = asyncio.run(ladder.measure(rounds=30, requests=2, warmup=1, repeats=1))
     assert r["forwarded_whole"] is True
-    assert r["cleared"] > 0
+    assert r["outputs_cleared"] > 0
     assert r["forwarded"] <= r["budget"] < r["received"]
-    assert r["whole_ms"] > 0 and r["cleared_ms"] > 0
+    assert r["whole"] > 0 and r["cleared"] > 0
 
 
 def test_a_200_round_body_is_about_150_kb() -> None:
