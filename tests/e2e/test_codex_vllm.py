@@ -14,8 +14,10 @@ random model rarely says ``<|im_end|>``.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
+from itertools import combinations
 from pathlib import Path
 
 import httpx
@@ -63,6 +65,19 @@ def forwarded(logs: str) -> list[int]:
     return [int(n) for n in re.findall(r'"prompt_tokens_forwarded":(\d+)', logs)]
 
 
+def by_status(logs: str) -> tuple[list[int], list[int]]:
+    """The forwarded counts of the requests answered 200, and of the others (a request
+    Codex gave up on and sent again: forwarded twice, answered once)."""
+    served: list[int] = []
+    others: list[int] = []
+    for line in logs.splitlines():
+        if '"prompt_tokens_forwarded"' in line:
+            entry = json.loads(line)
+            kept = served if entry["status"] == 200 else others
+            kept.append(int(entry["prompt_tokens_forwarded"]))
+    return served, others
+
+
 def test_a_codex_session_compacts_twice_on_the_real_engine(
     tmp_path: Path, engine: VllmStack
 ) -> None:
@@ -88,10 +103,15 @@ def test_a_codex_session_compacts_twice_on_the_real_engine(
         assert made >= 2
         assert metric_value(text, "trimproxy_compaction_items_total", outcome="expanded") >= 1
         assert max(sent) <= BUDGET
-        # Every request the proxy forwarded, the engine served (it refuses a compaction
-        # item: "Unsupported input item type"), counted as the proxy counted it.
+        # Every turn the engine answered (it refuses a compaction item: "Unsupported
+        # input item type"), and every request it finished counted as the proxy counted
+        # it: the answered ones, and any Codex gave up on that had reached it.
+        served, others = by_status(logs)
+        assert len(served) >= TURNS
         seen = engine.metrics()
-        assert seen.value("vllm:request_success_total") == len(sent)
-        assert seen.value("vllm:request_prompt_tokens_sum") == sum(sent)
+        finished = int(seen.value("vllm:request_success_total"))
+        assert len(served) <= finished <= len(sent)
+        sums = {sum(c) for c in combinations(others, finished - len(served))}
+        assert seen.value("vllm:request_prompt_tokens_sum") in {sum(served) + s for s in sums}
     finally:
         proxies.stop_all()
