@@ -6,7 +6,8 @@ process's utime + stime (from /proc) over its requests, per request. The arms ar
 interleaved round by round, so a load change on this shared machine falls on all.
 Beside them, ``floor-aiohttp`` (``bench/floor_aiohttp.py``: aiohttp's server and
 client relaying the bytes, nothing parsed) is what any Python gateway pays before it
-does anything; it stores nothing, so it has no ``chains`` cell.
+does anything; it stores nothing, so it has no ``chains`` cell. ``--baseline DIR``
+adds ``trimproxy-base``, the proxy of another checkout, in the same rounds.
 
 * ``stateless``: a 10-turn ``input`` list (10 user, 9 assistant messages, ~4 kB),
   ``store: false``;
@@ -20,6 +21,7 @@ without a tokenizer) and trims nothing here: the window is larger than any body.
 
     .venv/bin/python bench/responses_peer.py                  # ~2 min
     .venv/bin/python bench/responses_peer.py --rounds 3 --requests 500 -c 16
+    .venv/bin/python bench/responses_peer.py --baseline /work/wt/base
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -43,7 +46,7 @@ from bench import overhead  # noqa: E402
 PEER_PIN = "agentic-api==0.9.0"
 MODEL = "sim-model"
 WORKLOADS = ("stateless", "streamed", "chains")
-PEER, FLOOR, OURS = "agentic-api", "floor-aiohttp", "trimproxy"
+PEER, FLOOR, OURS, BASE = "agentic-api", "floor-aiohttp", "trimproxy", "trimproxy-base"
 _PROSE = (
     "the agent reads the failing test opens the module and explains which change keeps "
     "every caller working before it edits one function and runs the suite again"
@@ -99,7 +102,10 @@ def start_peer(sim: overhead.Server, workdir: Path) -> overhead.Server:
     return server
 
 
-def start_proxy(sim: overhead.Server, workdir: Path) -> overhead.Server:
+def start_proxy(
+    sim: overhead.Server, workdir: Path, baseline: Path | None = None
+) -> overhead.Server:
+    """trimproxy serve, this checkout's, or ``baseline``'s (``trimproxy-base``)."""
     port = overhead._free_port()
     settings = {
         "TRIMPROXY_UPSTREAM_URL": sim.url,
@@ -108,7 +114,11 @@ def start_proxy(sim: overhead.Server, workdir: Path) -> overhead.Server:
         "TRIMPROXY_UPSTREAM_METRICS_INTERVAL": "0",
     }
     args = [sys.executable, "-m", "proxy.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
-    server = overhead._spawn("trimproxy", args, workdir, overhead._env(settings))
+    env = overhead._env(settings)
+    if baseline is not None:
+        env["PYTHONPATH"] = os.pathsep.join((str(baseline.resolve()), env["PYTHONPATH"]))
+    name = OURS if baseline is None else BASE
+    server = overhead._spawn(name, args, workdir, env)
     server.url = f"http://127.0.0.1:{port}"
     overhead._wait_http(server, "/healthz", 60.0)
     return server
@@ -189,23 +199,22 @@ def _serves(arm: str, workload: str) -> bool:
 
 
 def table(cells: dict[tuple[str, str], Cell], args: argparse.Namespace) -> str:
-    """Each arm's ms a request and its ratio to agentic-api's (``nan`` where a cell
-    has none: the floor's chains, or a peer cell read as 0 ticks)."""
+    """agentic-api's ms a request, then each other arm's and its ratio to that (``nan``
+    where a cell has none: the floor's chains, or a peer cell read as 0 ticks)."""
+    arms = [a for a in (OURS, FLOOR, BASE) if (a, args.workloads[0]) in cells]
     lines = [
         f"c={args.connections}, {args.rounds} rounds x {args.requests} requests a workload and arm",
-        f"{'workload':<11}{'agentic-api ms':>16}{'trimproxy ms':>14}{'ratio':>8}"
-        f"{'floor ms':>10}{'ratio':>8}",
+        f"{'workload':<11}{PEER + ' ms':>16}"
+        + "".join(f"{a + ' ms':>18}{'ratio':>7}" for a in arms),
     ]
     for w in args.workloads:
-        peer, ours = cells[PEER, w], cells[OURS, w]
-        floor = cells.get((FLOOR, w), Cell())
-        # CPU time comes in clock ticks (10 ms): a short run may read 0 for the peer.
-        ratio, floor_ratio = (
-            (ours.ms / peer.ms, floor.ms / peer.ms) if peer.ms else (float("nan"),) * 2
-        )
-        lines.append(
-            f"{w:<11}{peer.ms:>16.3f}{ours.ms:>14.3f}{ratio:>8.2f}{floor.ms:>10.3f}{floor_ratio:>8.2f}"
-        )
+        peer = cells[PEER, w].ms
+        row = f"{w:<11}{peer:>16.3f}"
+        for arm in arms:
+            ms = cells[arm, w].ms
+            # CPU time comes in clock ticks (10 ms): a short run may read 0 for the peer.
+            row += f"{ms:>18.3f}{ms / peer if peer else float('nan'):>7.2f}"
+        lines.append(row)
     return "\n".join(lines)
 
 
@@ -215,6 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="rounds [3]")
     parser.add_argument("-c", "--connections", type=int, default=16, help="concurrency [16]")
     parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
+    parser.add_argument(
+        "--baseline", type=Path, default=None, help="another checkout, as trimproxy-base"
+    )
     args = parser.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="trimproxy-responses-peer-"))
     sim = overhead.start_sim(workdir)
@@ -223,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
         arms[PEER] = start_peer(sim, workdir)
         arms[FLOOR] = overhead.start_floor(FLOOR, sim.url, workdir)
         arms[OURS] = start_proxy(sim, workdir)
+        if args.baseline is not None:
+            arms[BASE] = start_proxy(sim, workdir, args.baseline)
         cells = measure(arms, args)
     finally:
         for server in arms.values():

@@ -21,13 +21,17 @@ def test_the_stateless_body_is_ten_turns_of_about_four_kilobytes() -> None:
 
 
 def test_both_gateways_serve_every_workload(capsys: pytest.CaptureFixture[str]) -> None:
-    code = responses_peer.main(["--requests", "40", "--rounds", "1", "-c", "2"])
+    # This checkout as its own baseline: the base arm is started and measured too.
+    root = str(responses_peer.ROOT)
+    code = responses_peer.main(["--requests", "40", "--rounds", "1", "-c", "2", "--baseline", root])
     assert code == 0  # every request of every arm answered 200 (the bench stops otherwise)
     lines = capsys.readouterr().out.splitlines()
     rows = {line.split()[0]: line.split()[1:] for line in lines[2:]}
     assert set(rows) == set(responses_peer.WORKLOADS)
     # The floor relays, it stores nothing: it has no chains cell, and the others do.
     assert [cells[3] == "nan" for cells in rows.values()] == [False, False, True]
+    assert "trimproxy-base ms" in lines[1]
+    assert all(len(cells) == 7 and cells[5] != "nan" for cells in rows.values()), rows
     # CPU time is read in clock ticks (10 ms), so one short cell may read 0; trimproxy's
     # 120 requests in all take several ticks.
     assert sum(float(cells[1]) for cells in rows.values()) > 0, rows
