@@ -21,6 +21,7 @@ from proxy.types import JSONObject
 
 ITEM = "compaction"
 TRIGGER = "compaction_trigger"
+_TYPES = (ITEM, TRIGGER)
 _VERSION = 1
 
 
@@ -118,11 +119,11 @@ def carries(items: Any) -> bool:
     """Whether an ``input`` holds a compaction item or a trigger."""
     if not isinstance(items, list):
         return False
-    # Asked of every Responses request: a loop that passes over an item without a
-    # type at once, not is_item and is_trigger through a generator, which compared
-    # each item's None with both (docs/performance.md §6).
-    for x in items:
-        kind = x.get("type") if isinstance(x, dict) else None
-        if kind is not None and kind in (ITEM, TRIGGER):
+    # A loop over the types, not any() of two calls an item: every Responses request
+    # asks it of its whole input (49k -> 22k instructions on 19 items; a scan of the
+    # body's bytes for the name was 29k; docs/performance.md §5b).
+    types = _TYPES
+    for item in items:  # noqa: SIM110 (the loop is the point)
+        if isinstance(item, dict) and item.get("type") in types:
             return True
     return False

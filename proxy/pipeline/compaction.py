@@ -79,14 +79,6 @@ def _threshold(body: JSONObject) -> int | None:
     return None
 
 
-def _may_carry(raw: bytes) -> bool:
-    """Whether ``raw`` (the JSON ``conv.body`` was read from) may hold a compaction item
-    or trigger: their type names it, in letters or in ``\\u`` escapes. A C scan of the
-    bytes instead of a look at every item, which every request paid (docs/performance.md
-    §5b)."""
-    return b"compaction" in raw or b"\\u" in raw
-
-
 async def step(
     request: Request, svc: Services, dialect: Dialect, conv: Conversation, raw: bytes
 ) -> Step:
@@ -95,7 +87,7 @@ async def step(
     body = conv.body
     value = body.get("input")
     threshold = _threshold(body)
-    if threshold is None and not (_may_carry(raw) and carries(value)):
+    if not carries(value) and threshold is None:
         return Step(conv, raw)
     seal, key = sealer(request), client_key(request.headers)
     items = expand(seal, svc.metrics, as_items(value), key)

@@ -138,7 +138,7 @@ def test_compaction_trigger_answers_exactly_one_item(
 def test_a_trigger_spelled_in_escapes_is_answered_too(
     proxy_server: StartProxy, sim_upstream: SimUpstream
 ) -> None:
-    """JSON may spell a type in \\u escapes: the proxy looks past the bytes it skims."""
+    """JSON may spell a type in \\u escapes: the decoded type is the one read."""
     proxy = start(proxy_server)
     body = {"model": "sim-model", "input": [*agent_input(2), {"type": "TRIGGER"}], "store": False}
     raw = orjson.dumps(body).replace(b'"TRIGGER"', b'"\\u0063ompaction_trigger"')
