@@ -75,6 +75,14 @@ echo "== pytest"
 # pytest rewrite the test modules' asserts) from source again, 4 s of CPU per worker.
 unset PYTHONDONTWRITEBYTECODE
 ENGINES="vllm or fastchat or container"
+# The engines' fixtures resolved without starting anything (pytest --setup-plan), so a
+# wrong fixture scope fails here in seconds, not at an engine test's setup half an hour in.
+mkdir -p .cache
+if ! .venv/bin/pytest --setup-plan -q -m "$ENGINES" tests >.cache/setup-plan.log 2>&1; then
+  grep -E "ERROR|Error|Mismatch" .cache/setup-plan.log >&2 || tail -40 .cache/setup-plan.log >&2
+  echo "== the engine tests' fixtures do not resolve (full plan: .cache/setup-plan.log)" >&2
+  exit 1
+fi
 if [ "$fast" = 0 ]; then
   for arg in "$@"; do
     # A marker expression of the caller's own: one run, in order, as asked.

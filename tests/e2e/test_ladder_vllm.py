@@ -44,7 +44,7 @@ def output(k: int) -> str:
     return f"round {k} log: " + prose(1000 + k, 220)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def engine(agent_engine: VllmStack) -> VllmStack:
     """The shared tool-rendering engine (window 8,192; tests/e2e/conftest.py)."""
     return agent_engine
