@@ -69,7 +69,7 @@ def parse_chat(raw: bytes) -> ChatRequest:
         endpoint="chat",
         body=body,
         items=messages,
-        roles=messages,
+        given_roles=messages,
         head=0,
         model=model,
         max_tokens=max_tokens,

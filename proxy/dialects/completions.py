@@ -55,7 +55,6 @@ def parse(raw: bytes) -> Conversation:
         endpoint="completions",
         body=body,
         items=[],
-        roles=[],
         head=0,
         model=model,
         stream=stream,

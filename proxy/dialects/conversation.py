@@ -1,7 +1,8 @@
 """The neutral conversation every dialect parses into, and the pieces they share.
 
 Trimming (``proxy.trimming``) reads only each item's role, so a dialect's whole rule
-for what may be dropped is the ``roles`` list it builds: ``system``/``developer`` for
+for what may be dropped is the ``roles`` it gives (chat: its messages) or the kinds and
+pair keys ``roles`` is built from on first read: ``system``/``developer`` for
 the pinned head, ``user`` only where a turn may start, ``assistant`` or ``tool`` for
 everything else. ``turn_roles`` holds the one rule the dialects share: a user item
 that stands inside a tool call/result pair does not open a turn, so dropping whole
@@ -30,8 +31,6 @@ class Conversation:
     """The parsed client body; never modified (``render`` copies it)."""
     items: list[Any]
     """The trimmable units in order, each the client's own object; the pinned head first."""
-    roles: list[Message]
-    """One ``{"role": r}`` per item: what trimming reads."""
     head: int
     """How many leading items are synthesized head items that live outside the body's
     item list (Responses ``instructions``, Messages ``system``)."""
@@ -45,6 +44,22 @@ class Conversation:
     """The tools in the chat form vLLM hands to the chat template (for counting)."""
     n: int = 1
     """Answers asked for per prompt."""
+    kinds: Sequence[str] = ()
+    """The role each item has on its own (``turn_roles``)."""
+    pair_keys: Sequence[Iterable[str]] = ()
+    """The pair ids each item carries (``turn_roles``)."""
+    given_roles: list[Message] | None = None
+    """The turn roles where the dialect has them outright (chat: its messages)."""
+
+    @property
+    def roles(self) -> list[Message]:
+        """One ``{"role": r}`` per item: what trimming reads. Built on first read from
+        ``kinds`` and ``pair_keys`` where not given: a prompt that fits and has no
+        session never reads them (docs/performance.md §5b)."""
+        roles = self.given_roles
+        if roles is None:
+            roles = self.given_roles = turn_roles(self.kinds, self.pair_keys)
+        return roles
 
 
 def object_list(body: JSONObject, name: str, what: str) -> list[JSONObject] | None:

@@ -19,7 +19,6 @@ from proxy.dialects.conversation import (
     Conversation,
     object_list,
     rendered,
-    turn_roles,
 )
 from proxy.dialects.messages_chat import chat_tools, to_chat
 from proxy.dialects.messages_checks import BLOCKS, ROLES, check_create, check_messages
@@ -57,16 +56,14 @@ def parse(raw: bytes) -> Conversation:
         endpoint="messages",
         body=body,
         items=[*head, *messages],
-        roles=turn_roles(
-            ["system"] * len(head) + [_kind(m) for m in messages],
-            [()] * len(head) + [tuple(_pair_keys(m)) for m in messages],
-        ),
         head=len(head),
         model=model,
         stream=stream,
         max_tokens=positive_int(body, COMPLETION_FIELD),
         user=_user(body),
         tools=None,
+        kinds=["system"] * len(head) + [_kind(m) for m in messages],
+        pair_keys=[()] * len(head) + [tuple(_pair_keys(m)) for m in messages],
     )
     conv.tools = chat_tools(conv, range(len(conv.items)))
     return conv

@@ -15,11 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from proxy.body import common_fields, load_object, positive_int
-from proxy.dialects.conversation import (
-    Conversation,
-    rendered,
-    turn_roles,
-)
+from proxy.dialects.conversation import Conversation, rendered
 from proxy.dialects.responses_chat import chat_tools, to_chat
 from proxy.errors import InvalidRequest
 from proxy.types import JSONObject
@@ -63,13 +59,14 @@ def _build(body: JSONObject) -> Conversation:
         endpoint="responses",
         body=body,
         items=[*head, *entries],
-        roles=turn_roles(kinds, keys),
         head=len(head),
         model=model,
         stream=stream,
         max_tokens=positive_int(body, COMPLETION_FIELD),
         user=_user(body),
         tools=chat_tools(body.get("tools")),
+        kinds=kinds,
+        pair_keys=keys,
     )
 
 

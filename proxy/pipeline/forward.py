@@ -134,7 +134,7 @@ async def forward(
             response = await upstream.forward(
                 out.method, out.path, out.headers, out.body, client_gone
             )
-            return Sent(response, {}, upstream.transport.failure)
+            return Sent(response=response, headers={}, failure=upstream.transport.failure)
         lone = svc.upstream.lone
         if lone is None or lone in svc.gates:
             return await _send_routed(svc, out, client_gone, facts, prepared)
@@ -146,7 +146,13 @@ async def forward(
             lone, out.method, out.path, out.headers, out.body, client_gone, prepared.counted_in
         )
         sent = Sent(
-            response, prepared.headers, transport.failure, prepared, svc.metrics, facts, started
+            response=response,
+            headers=prepared.headers,
+            failure=transport.failure,
+            prepared=prepared,
+            metrics=svc.metrics,
+            facts=facts,
+            started=started,
         )
         sent.on_first_byte = sent.first_byte
         return sent
@@ -192,9 +198,16 @@ async def _send_routed(
                 reservation.release()
             raise
         sent = Sent(
-            response, prepared.headers, transport.failure, prepared, svc.metrics, facts, started,
-            engine, reservation,
-        )  # fmt: skip
+            response=response,
+            headers=prepared.headers,
+            failure=transport.failure,
+            prepared=prepared,
+            metrics=svc.metrics,
+            facts=facts,
+            started=started,
+            engine=engine,
+            reservation=reservation,
+        )
         sent.on_first_byte = sent.first_byte
         if gate is not None and reservation is not None:
             _watch(sent, gate, reservation, need, prepared)

@@ -44,7 +44,7 @@ def _parse(raw: bytes) -> Conversation:
         endpoint="notes",
         body=body,
         items=notes,
-        roles=[{"role": _ROLES[n["who"]]} for n in notes],
+        given_roles=[{"role": _ROLES[n["who"]]} for n in notes],
         head=0,
         model=model,
         stream=stream,
