@@ -157,6 +157,16 @@ def _reason(climbed: Climb) -> str:
     return reason if reason is not None and reason != CLEARED else "budget"
 
 
+def may_clear(svc: Services, kind: ToolOutputs | None, conv: Conversation) -> bool:
+    """Whether the ladder may have outputs to clear: it is on, and the dialect has tool
+    outputs, chat's told without the survey. Most prompts over a budget hold none, and
+    this spares them the survey's pass and the ladder's coroutine (docs/performance.md
+    §6)."""
+    if kind is None or svc.settings.clear_tool_outputs != "auto":
+        return False
+    return not kind.in_roles or "tool" in [r.get("role") for r in conv.roles]
+
+
 async def conversation_ladder(
     svc: Services,
     w: Any,
@@ -173,7 +183,7 @@ async def conversation_ladder(
     them from, the cleared outputs in place; None when the ladder is off or the
     prompt holds no tool output."""
     kind: ToolOutputs | None = w.tool_outputs
-    if limit is None or kind is None or svc.settings.clear_tool_outputs != "auto":
+    if limit is None or kind is None:  # the caller asked ``may_clear`` first
         return None
     surveyed = survey(conv.roles) if kind.in_roles else None
     outputs = kind.find(conv.items) if surveyed is None else surveyed.tools

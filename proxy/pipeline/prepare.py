@@ -28,7 +28,7 @@ from proxy.choices import Endpoint
 from proxy.dependencies import Services
 from proxy.dialects.conversation import Conversation
 from proxy.errors import InvalidRequest, ProxyError, context_length_exceeded
-from proxy.ladder_step import conversation_ladder
+from proxy.ladder_step import conversation_ladder, may_clear
 from proxy.logs import RequestFacts
 from proxy.metrics import OTHER_MODEL, ModelSeries
 from proxy.pipeline.dialect import ChatView, Dialect
@@ -272,9 +272,11 @@ async def _keep(
     if dialect.count_prompts is not None:
         return Kept(_refused_over(count, limit))
     history_start = session.history_start
-    climbed = await conversation_ladder(
-        svc, dialect, conv, count, limit, history_start, metrics, out, facts
-    )
+    climbed = None
+    if may_clear(svc, dialect.tool_outputs, conv):
+        climbed = await conversation_ladder(
+            svc, dialect, conv, count, limit, history_start, metrics, out, facts
+        )
     if climbed is not None:  # the ladder notes its own drops
         result, shown = climbed
         dropped = len(conv.items) - len(result.kept)
