@@ -55,9 +55,7 @@ class Outgoing:
 
 
 # Not frozen: read-only by convention but for what the answer's end settles (why:
-# proxy.types, above PromptCount). Built positionally, its fields in the order the
-# forward step has them: a class called by keyword gets its arguments as a dict
-# (about 3,000 instructions a request for seven of them, docs/performance.md §6).
+# proxy.types, above PromptCount).
 @dataclass(slots=True)
 class Sent:
     """A forwarded request: the engine's response head, and what its answer holds."""
