@@ -12,6 +12,8 @@ non-streaming and streaming, against:
 * ``trimproxy-base`` ``trimproxy`` from another checkout (``--baseline DIR``): before/after
 * ``trimproxy-hf-base`` ``trimproxy-hf`` from that checkout
 * ``trimproxy-trim-base`` ``trimproxy-trim`` from that checkout
+* ``trimproxy-trim-noladder`` ``trimproxy-trim`` with the trim ladder off
+  (``TRIMPROXY_CLEAR_TOOL_OUTPUTS=off``): the ladder's own share of a trimmed request
 * ``trimproxy-starlette`` ``trimproxy`` as a plain Starlette app (``starlette_app.py``):
   what FastAPI's own layers cost; ``trimproxy-trim-starlette`` the same, trimming
 * ``floor``        a bare FastAPI + aiohttp-client passthrough (``floor_fastapi_aiohttp.py``)
@@ -82,6 +84,7 @@ ALL_TARGETS = (
     "trimproxy-base",
     "trimproxy-hf-base",
     "trimproxy-trim-base",
+    "trimproxy-trim-noladder",
     "trimproxy-starlette",
     "trimproxy-trim-starlette",
     "floor",
@@ -210,7 +213,7 @@ def hf_tokenizer(workdir: Path) -> Path:
 
 def target_flags(name: str) -> list[str]:
     """What a ``trimproxy-*`` target's name asks for: ``hf``, ``trim``, ``base``,
-    ``starlette``."""
+    ``starlette``, ``noladder``."""
     return name.split("-")[1:]
 
 
@@ -226,6 +229,8 @@ def start_target(name: str, sim: Server, workdir: Path, baseline: Path | None = 
         }
         if "trim" in flags:
             settings["TRIMPROXY_MAX_PROMPT_TOKENS"] = str(TRIM_BUDGET)
+        if "noladder" in flags:
+            settings["TRIMPROXY_CLEAR_TOOL_OUTPUTS"] = "off"
         serve = [sys.executable, "-m", "proxy.cli"]
         if "starlette" in flags:
             serve = [sys.executable, str(BENCH / "starlette_app.py")]
