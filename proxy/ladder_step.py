@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
+from operator import itemgetter
 from typing import Any
 
 import orjson
@@ -157,6 +158,9 @@ def _reason(climbed: Climb) -> str:
     return reason if reason is not None and reason != CLEARED else "budget"
 
 
+_ROLE = itemgetter("role")
+
+
 def may_clear(svc: Services, kind: ToolOutputs | None, conv: Conversation) -> bool:
     """Whether the ladder may have outputs to clear: it is on, and the dialect has tool
     outputs, chat's told without the survey. Most prompts over a budget hold none, and
@@ -164,7 +168,8 @@ def may_clear(svc: Services, kind: ToolOutputs | None, conv: Conversation) -> bo
     §6)."""
     if kind is None or svc.settings.clear_tool_outputs != "auto":
         return False
-    return not kind.in_roles or "tool" in [r.get("role") for r in conv.roles]
+    # Every item of a trim view has a role (chat's parse requires one): read in C.
+    return not kind.in_roles or "tool" in map(_ROLE, conv.roles)
 
 
 async def conversation_ladder(

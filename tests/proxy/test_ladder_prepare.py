@@ -9,8 +9,10 @@ from typing import Any
 import orjson
 import pytest
 
+from proxy.dialects import tool_outputs
+from proxy.dialects.chat import parse_chat
 from proxy.errors import ContextLengthExceeded
-from proxy.ladder_step import CLEARED_TOOL_OUTPUTS
+from proxy.ladder_step import CLEARED_TOOL_OUTPUTS, may_clear
 from proxy.tokens import ApproxCounter
 from proxy.upstream import Upstream
 from tests.proxy.test_prepare import run, sample, services, upstream
@@ -69,3 +71,18 @@ async def test_off_keeps_the_whole_turn_trim_alone(upstream: Upstream) -> None:
     svc = services(upstream, ApproxCounter(), context_window=4096, clear_tool_outputs="off")
     with pytest.raises(ContextLengthExceeded):
         await run(svc, task(20), max_tokens=16)
+
+
+def test_may_clear_asks_for_a_tool_output_before_the_ladder(upstream: Upstream) -> None:
+    """Chat's question is answered from the roles: a prompt with no ``tool`` message
+    never enters the ladder, one with a tool output does, and the setting turns it off;
+    a dialect whose outputs are not roles (Responses) always asks the ladder."""
+    svc = services(upstream, ApproxCounter())
+    off = services(upstream, ApproxCounter(), clear_tool_outputs="off")
+    plain = parse_chat(orjson.dumps({"model": "m", "messages": task(0)}))
+    agent = parse_chat(orjson.dumps({"model": "m", "messages": task(2)}))
+    assert not may_clear(svc, tool_outputs.CHAT, plain)
+    assert may_clear(svc, tool_outputs.CHAT, agent)
+    assert not may_clear(off, tool_outputs.CHAT, agent)
+    assert not may_clear(svc, None, agent)
+    assert may_clear(svc, tool_outputs.RESPONSES, plain)
