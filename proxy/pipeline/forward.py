@@ -143,20 +143,36 @@ async def forward(
         response = await transport.send(
             lone, out.method, out.path, out.headers, out.body, client_gone, prepared.counted_in
         )
-        sent = Sent(
-            response=response,
-            headers=prepared.headers,
-            failure=transport.failure,
-            prepared=prepared,
-            metrics=svc.metrics,
-            facts=facts,
-            started=started,
-        )
-        sent.on_first_byte = sent.first_byte
-        return sent
+        return _prepared_sent(svc, response, prepared, facts, started)
     except BaseException:
         client_gone.cancel()
         raise
+
+
+def _prepared_sent(
+    svc: Services,
+    response: aiohttp.ClientResponse,
+    prepared: Prepared,
+    facts: RequestFacts,
+    started: float,
+    engine: Engine | None = None,
+    reservation: Reservation | None = None,
+) -> Sent:
+    """A prepared request's answer, its first-byte hook set (the lone engine's and a
+    routed one's alike)."""
+    sent = Sent(
+        response=response,
+        headers=prepared.headers,
+        failure=svc.upstream.transport.failure,
+        prepared=prepared,
+        metrics=svc.metrics,
+        facts=facts,
+        started=started,
+        engine=engine,
+        reservation=reservation,
+    )
+    sent.on_first_byte = sent.first_byte
+    return sent
 
 
 async def _send_routed(
@@ -195,18 +211,7 @@ async def _send_routed(
             if reservation is not None:
                 reservation.release()
             raise
-        sent = Sent(
-            response=response,
-            headers=prepared.headers,
-            failure=transport.failure,
-            prepared=prepared,
-            metrics=svc.metrics,
-            facts=facts,
-            started=started,
-            engine=engine,
-            reservation=reservation,
-        )
-        sent.on_first_byte = sent.first_byte
+        sent = _prepared_sent(svc, response, prepared, facts, started, engine, reservation)
         if gate is not None and reservation is not None:
             _watch(sent, gate, reservation, need, prepared)
         return sent
