@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
-from operator import itemgetter
 from typing import Any
 
 import orjson
@@ -158,18 +157,18 @@ def _reason(climbed: Climb) -> str:
     return reason if reason is not None and reason != CLEARED else "budget"
 
 
-_ROLE = itemgetter("role")
-
-
 def may_clear(svc: Services, kind: ToolOutputs | None, conv: Conversation) -> bool:
     """Whether the ladder may have outputs to clear: it is on, and the dialect has tool
-    outputs, chat's told without the survey. Most prompts over a budget hold none, and
-    this spares them the survey's pass and the ladder's coroutine (docs/performance.md
-    §6)."""
+    outputs, chat's told by its parse. Most prompts over a budget hold none, and this
+    spares them the survey's pass and the ladder's coroutine (docs/performance.md §6)."""
     if kind is None or svc.settings.clear_tool_outputs != "auto":
         return False
-    # Every item of a trim view has a role (chat's parse requires one): read in C.
-    return not kind.in_roles or "tool" in map(_ROLE, conv.roles)
+    if not kind.in_roles:
+        return True
+    told = conv.holds_tool_role
+    if told is not None:
+        return told
+    return any(role["role"] == "tool" for role in conv.roles)
 
 
 async def conversation_ladder(

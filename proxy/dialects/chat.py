@@ -50,11 +50,20 @@ def parse_chat(raw: bytes) -> ChatRequest:
         raise InvalidRequest("'messages' must be a list of message objects.", param="messages")
     if not messages:
         raise InvalidRequest("'messages' must hold at least one message.", param="messages")
-    for message in messages:
-        # orjson builds plain dicts and strs, so a class check is the isinstance one,
-        # at two thirds of the cost on every message; the error says which one.
-        if message.__class__ is not dict or message.get("role").__class__ is not str:
-            raise _bad_message(messages)
+    holds_tool_role = False
+    # Every message, every request: a subscript (a list or a string raises TypeError, a
+    # dict without a role KeyError) and a class check (orjson builds plain strs) cost
+    # less than isinstance and get(), and leave room to note a tool output for the trim
+    # ladder's question (docs/performance.md §6). The error says which message.
+    try:
+        for message in messages:
+            role = message["role"]
+            if role.__class__ is not str:
+                raise _bad_message(messages)
+            if role == "tool":
+                holds_tool_role = True
+    except (KeyError, TypeError):
+        raise _bad_message(messages) from None
     model, stream = common_fields(body)
     tools = body.get("tools")
     if tools is not None and not (
@@ -70,6 +79,7 @@ def parse_chat(raw: bytes) -> ChatRequest:
         body=body,
         items=messages,
         given_roles=messages,
+        holds_tool_role=holds_tool_role,
         head=0,
         model=model,
         max_tokens=max_tokens,

@@ -50,6 +50,9 @@ class Conversation:
     """The pair ids each item carries (``turn_roles``)."""
     given_roles: list[Message] | None = None
     """The turn roles where the dialect has them outright (chat: its messages)."""
+    holds_tool_role: bool | None = None
+    """Whether a turn role is ``tool``, where the parse saw every role (chat's); None:
+    not known, ``roles`` is read to tell."""
 
     @property
     def roles(self) -> list[Message]:

@@ -41,7 +41,7 @@ from proxy.pipeline.limits import (
 from proxy.pipeline.prove import Recount, prove_fits, trim_to
 from proxy.sessions.gate import SESSION_ID
 from proxy.sessions.identity import Identity, identify
-from proxy.trimming import TrimResult, fits_whole
+from proxy.trimming import TrimPolicy, TrimResult, fits_whole
 from proxy.types import Message, PromptCount, PromptLimit
 
 #: Response header: the prompt tokens forwarded.
@@ -272,16 +272,21 @@ async def _keep(
     if dialect.count_prompts is not None:
         return Kept(_refused_over(count, limit))
     history_start = session.history_start
-    climbed = None
     if may_clear(svc, dialect.tool_outputs, conv):
         climbed = await conversation_ladder(
             svc, dialect, conv, count, limit, history_start, metrics, out, facts
         )
-    if climbed is not None:  # the ladder notes its own drops
-        result, shown = climbed
-        dropped = len(conv.items) - len(result.kept)
-        return Kept(result, dropped, result.reason if dropped else None, shown=shown)
-    kept = await _trim(dialect, conv, count, limit, history_start, svc)
+        if climbed is not None:  # the ladder notes its own drops
+            result, shown = climbed
+            dropped = len(conv.items) - len(result.kept)
+            return Kept(result, dropped, result.reason if dropped else None, shown=shown)
+    policy, result = trim_to(svc.settings, conv.roles, count, limit, history_start)
+    # An additive counter's trim is the answer: no coroutine to prove it.
+    kept = (
+        Kept(result)
+        if svc.counter.additive
+        else await _proved(dialect, conv, count, policy, history_start, svc, result)
+    )
     result = kept.result
     kept.dropped = len(conv.items) - len(result.kept)
     if kept.dropped:
@@ -332,19 +337,17 @@ def _refused_over(count: PromptCount, limit: PromptLimit | None) -> TrimResult:
     return TrimResult((), count.total, None)
 
 
-async def _trim(
+async def _proved(
     dialect: Dialect,
     conv: Conversation,
     count: PromptCount,
-    limit: PromptLimit | None,
+    policy: TrimPolicy,
     history_start: int,
     svc: Services,
+    result: TrimResult,
 ) -> Kept:
-    """What is kept of a prompt that does not fit whole; a counter that is not additive
-    proves the kept items fit (``prove_fits``)."""
-    policy, result = trim_to(svc.settings, conv.roles, count, limit, history_start)
-    if svc.counter.additive:
-        return Kept(result)
+    """The trim's ``result`` proved to fit by a counter that is not additive
+    (``prove_fits``), and the seconds the proof took."""
     began = time.monotonic()
     result = await prove_fits(
         conv.roles, _recount(svc, dialect, conv), count, policy, history_start, result

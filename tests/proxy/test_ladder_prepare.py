@@ -4,6 +4,7 @@ keeps the whole-turn trim alone (and refuses an agent's one-turn task)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -81,8 +82,12 @@ def test_may_clear_asks_for_a_tool_output_before_the_ladder(upstream: Upstream) 
     off = services(upstream, ApproxCounter(), clear_tool_outputs="off")
     plain = parse_chat(orjson.dumps({"model": "m", "messages": task(0)}))
     agent = parse_chat(orjson.dumps({"model": "m", "messages": task(2)}))
+    assert (plain.holds_tool_role, agent.holds_tool_role) == (False, True)  # the parse's
     assert not may_clear(svc, tool_outputs.CHAT, plain)
     assert may_clear(svc, tool_outputs.CHAT, agent)
+    # Where the parse did not tell, the roles are read.
+    assert may_clear(svc, tool_outputs.CHAT, replace(agent, holds_tool_role=None))
+    assert not may_clear(svc, tool_outputs.CHAT, replace(plain, holds_tool_role=None))
     assert not may_clear(off, tool_outputs.CHAT, agent)
     assert not may_clear(svc, None, agent)
     assert may_clear(svc, tool_outputs.RESPONSES, plain)
