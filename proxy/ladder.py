@@ -95,18 +95,24 @@ def _survey(roles: Sequence[Message], head: int) -> Survey:
     ends: list[int] = []
     tools: list[int] = []
     after = False  # the item before is not an assistant's (none counts before the head)
+    opened = False  # the item before is a user item: a turn's opening request ended there
     for i in range(head, n):
         name = roles[i].get("role")
         if name == "assistant":
-            if after:
+            # Before the first tool output the steps are trim's alone (a turn's opening),
+            # so the ladder's replay repeats what trim forwarded before it took over.
+            if after and (opened or tools):
                 ends.append(i)
-                after = False
+            after = False
         else:
+            if opened:
+                ends.append(i)
             after = True
             if name == "tool":
                 tools.append(i)
             elif name == "user":
                 users.append(i)
+        opened = name == "user"
     ends.append(n)
     first_is_user = not (head < n and (not users or users[0] != head))
     if not first_is_user:
@@ -116,7 +122,9 @@ def _survey(roles: Sequence[Message], head: int) -> Survey:
 
 def request_ends(roles: Sequence[Message], head: int) -> list[int]:
     """Where each request of the conversation ended (exclusive), the last one its
-    whole length: before every assistant item that follows a non-assistant one."""
+    whole length: after every user item (a turn's opening, ``trim``'s steps), and from
+    the first tool output on, before every assistant item that follows a non-assistant
+    one."""
     return _survey(roles, head).ends
 
 

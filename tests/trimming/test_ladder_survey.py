@@ -26,14 +26,18 @@ def role_runs(draw: st.DrawFn) -> list[Message]:
 
 
 def _ends(messages: list[Message], head: int) -> list[int]:
-    """Before every assistant item that follows a non-assistant one, after the head."""
+    """After every user item (a turn's opening, trim's step), and, from the first tool
+    output on, before every assistant item that follows a non-assistant one; after the
+    head."""
     names = [m.get("role") for m in messages]
-    ends = [
+    first_tool = names.index("tool") if "tool" in names else len(names)
+    openings = {i + 1 for i in range(head, len(names) - 1) if names[i] == "user"}
+    rounds = {
         i
-        for i in range(head + 1, len(names))
+        for i in range(max(head + 1, first_tool + 1), len(names))
         if names[i] == "assistant" and names[i - 1] != "assistant"
-    ]
-    return [*ends, len(names)]
+    }
+    return [*sorted(openings | rounds), len(names)]
 
 
 @PROPS
