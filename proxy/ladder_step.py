@@ -61,8 +61,20 @@ async def _proved(
     """The ladder's answer, recounted when the counter is not additive: over the
     budget, the budget is tightened by the excess and the ladder climbed again."""
     keep = svc.settings.keep_tool_outputs
-    climbed = climb(roles, count, outputs, cleared, policy, keep=keep,
-                    history_start=history_start, surveyed=surveyed)  # fmt: skip
+
+    def under(p: TrimPolicy) -> Climb:
+        return climb(
+            roles,
+            count,
+            outputs,
+            cleared,
+            p,
+            keep=keep,
+            history_start=history_start,
+            surveyed=surveyed,
+        )
+
+    climbed = under(policy)
     if svc.counter.additive:
         return climbed
     budget = policy.budget
@@ -77,8 +89,7 @@ async def _proved(
         excess = actual - climbed.tokens
         tightened = replace(tightened, budget=(tightened.budget or budget) - excess)
         try:
-            climbed = climb(roles, count, outputs, cleared, tightened, keep=keep,
-                            history_start=history_start, surveyed=surveyed)  # fmt: skip
+            climbed = under(tightened)
         except ContextLengthExceeded:
             break
     raise context_length_exceeded(actual, policy.limit or PromptLimit(budget))
@@ -105,9 +116,13 @@ def _note(
 
 
 async def cleared_counts(
-    svc: Services, kind: ToolOutputs, items: Sequence[Any], outputs: Sequence[int],
-    per: Sequence[int], model: str | None,
-) -> list[int]:  # fmt: skip
+    svc: Services,
+    kind: ToolOutputs,
+    items: Sequence[Any],
+    outputs: Sequence[int],
+    per: Sequence[int],
+    model: str | None,
+) -> list[int]:
     """Each output's count once cleared: its count less what its content weighs, plus
     what the placeholder weighs, both counted as the content of a bare message (the
     framing cancels out). The contents are the client's own strings, counted on every
@@ -115,8 +130,9 @@ async def cleared_counts(
     are new (docs/architecture.md §6)."""
     key = kind.field
     if key is None:
-        texts: list[Message] = [{"role": "tool", "content": _text(kind.content(items[i]))}
-                                for i in outputs]  # fmt: skip
+        texts: list[Message] = [
+            {"role": "tool", "content": _text(kind.content(items[i]))} for i in outputs
+        ]
         texts += [
             {"role": "tool", "content": _text(kind.cleared(items[i], per[i]))} for i in outputs
         ]

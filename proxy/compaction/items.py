@@ -45,9 +45,13 @@ def new_id(prefix: str) -> str:
 
 
 def make(
-    sealer: Sealer, metrics: Metrics, items: Sequence[Any], client_key: str, form: str,
+    sealer: Sealer,
+    metrics: Metrics,
+    items: Sequence[Any],
+    client_key: str,
+    form: str,
     summary: str | None = None,
-) -> tuple[list[Any], JSONObject]:  # fmt: skip
+) -> tuple[list[Any], JSONObject]:
     """The user's messages of ``items`` (already expanded), and the item that seals
     them all. One that would be over the bound leaves out its oldest folded items
     (whole pairs: a call goes with its output)."""

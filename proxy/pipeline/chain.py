@@ -302,8 +302,10 @@ class Keeping(Response):
             if found is not None:
                 await store(found)
             for start in held:
-                headers = [*_without_length(start["headers"]),
-                           (b"content-length", str(len(out)).encode())]  # fmt: skip
+                headers = [
+                    *_without_length(start["headers"]),
+                    (b"content-length", str(len(out)).encode()),
+                ]
                 await send({**start, "headers": headers})
             await send({**message, "body": out})
 

@@ -125,8 +125,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=1,
         help="independent engines in this process, on ports --port, --port+1, ... [1]",
     )
-    add("--record-limit", type=int, default=defaults.record_limit,
-        help=f"requests kept for /_sim/requests [{defaults.record_limit}]")  # fmt: skip
+    add(
+        "--record-limit",
+        type=int,
+        default=defaults.record_limit,
+        help=f"requests kept for /_sim/requests [{defaults.record_limit}]",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> SimConfig:

@@ -33,11 +33,19 @@ RUNTIME_KNOBS = frozenset(
 #: token, prefill at 16k tokens/s, 100 tokens/s decode alone, each other running
 #: sequence slowing a step by 1.5 % (64 running: about twice as slow).
 TIMINGS: dict[str, dict[str, float]] = {
-    "none": {"delay_seconds": 0.0, "prefill_tokens_per_second": 0.0,
-             "tokens_per_second": 0.0, "decode_batch_slowdown": 0.0},
-    "gpu-7b": {"delay_seconds": 0.02, "prefill_tokens_per_second": 16000.0,
-               "tokens_per_second": 100.0, "decode_batch_slowdown": 0.015},
-}  # fmt: skip
+    "none": {
+        "delay_seconds": 0.0,
+        "prefill_tokens_per_second": 0.0,
+        "tokens_per_second": 0.0,
+        "decode_batch_slowdown": 0.0,
+    },
+    "gpu-7b": {
+        "delay_seconds": 0.02,
+        "prefill_tokens_per_second": 16000.0,
+        "tokens_per_second": 100.0,
+        "decode_batch_slowdown": 0.015,
+    },
+}
 
 
 @dataclass
@@ -108,15 +116,25 @@ class SimConfig:
             raise ValueError(f"dialect must be 'vllm' or 'fastchat', not {self.dialect!r}")
         if self.error_style not in ("current", "legacy"):
             raise ValueError(f"error_style must be 'current' or 'legacy', not {self.error_style!r}")
-        positive = ("max_model_len", "kv_blocks", "block_size", "record_limit", "max_body_bytes",
-                    "bytes_per_token")  # fmt: skip
+        positive = (
+            "max_model_len",
+            "kv_blocks",
+            "block_size",
+            "record_limit",
+            "max_body_bytes",
+            "bytes_per_token",
+        )
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
         if self.completion_tokens < 0:
             raise ValueError("completion_tokens must be >= 0")
-        rates = ("tokens_per_second", "delay_seconds", "prefill_tokens_per_second",
-                 "decode_batch_slowdown")  # fmt: skip
+        rates = (
+            "tokens_per_second",
+            "delay_seconds",
+            "prefill_tokens_per_second",
+            "decode_batch_slowdown",
+        )
         for name in rates:
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0")

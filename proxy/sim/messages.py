@@ -71,8 +71,12 @@ def _render(
     chat = chat_request(payload, lambda message: dialect.invalid(cfg, message))
     try:
         model = dialect.check_model(cfg, payload.get("model"))
-        options = parse_options(chat, lambda message, param: dialect.error(
-            cfg, 400, message, kind="BadRequestError", param=param))  # fmt: skip
+        options = parse_options(
+            chat,
+            lambda message, param: dialect.error(
+                cfg, 400, message, kind="BadRequestError", param=param
+            ),
+        )
         if max_tokens is not None:
             prompt.check_output_bound(dialect, cfg, max_tokens, "max_completion_tokens")
         counted = prompt.count(cfg, chat["messages"])
@@ -109,14 +113,25 @@ class _Answer:
         call = self.plan.options.tool_call
         if call is None:
             return [{"type": "text", "text": "".join(self.tokens())}]
-        return [{"type": "tool_use", "id": self.call_id, "name": call.name,
-                 "input": orjson.loads(call.arguments)}]  # fmt: skip
+        return [
+            {
+                "type": "tool_use",
+                "id": self.call_id,
+                "name": call.name,
+                "input": orjson.loads(call.arguments),
+            }
+        ]
 
     def body(self) -> bytes:
-        body = {"id": self.mid, "type": "message", "role": "assistant",
-                "content": self.content(), "model": self.plan.model,
-                "stop_reason": self.stop_reason(),
-                "usage": self.usage(self.plan.completion_tokens)}  # fmt: skip
+        body = {
+            "id": self.mid,
+            "type": "message",
+            "role": "assistant",
+            "content": self.content(),
+            "model": self.plan.model,
+            "stop_reason": self.stop_reason(),
+            "usage": self.usage(self.plan.completion_tokens),
+        }
         return orjson.dumps(body)
 
     def _block(self) -> tuple[dict[str, Any], str, str]:
@@ -135,10 +150,15 @@ class _Answer:
             return f"event: {kind}\ndata: ".encode() + line + b"\n\n"
 
         message: dict[str, Any] = {
-            "id": self.mid, "type": "message", "role": "assistant", "content": [],
-            "model": self.plan.model, "stop_reason": None, "stop_sequence": None,
+            "id": self.mid,
+            "type": "message",
+            "role": "assistant",
+            "content": [],
+            "model": self.plan.model,
+            "stop_reason": None,
+            "stop_sequence": None,
             "usage": self.usage(0),
-        }  # fmt: skip
+        }
         yield event("message_start", message=message)
         block, delta_type, key = self._block()
         opened = False
@@ -148,13 +168,18 @@ class _Answer:
                 out.append(event("content_block_start", content_block=block, index=0))
                 opened = True
             if token:
-                out.append(event("content_block_delta", delta={"type": delta_type, key: token},
-                                 index=0))  # fmt: skip
+                out.append(
+                    event("content_block_delta", delta={"type": delta_type, key: token}, index=0)
+                )
             yield b"".join(out)
         tail = [event("content_block_stop", index=0)] if opened else []
-        tail.append(event("message_delta",
-                          delta={"stop_reason": self.stop_reason(), "stop_sequence": None},
-                          usage=self.usage(self.plan.completion_tokens)))  # fmt: skip
+        tail.append(
+            event(
+                "message_delta",
+                delta={"stop_reason": self.stop_reason(), "stop_sequence": None},
+                usage=self.usage(self.plan.completion_tokens),
+            )
+        )
         tail.append(event("message_stop"))
         yield b"".join(tail)
 

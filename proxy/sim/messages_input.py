@@ -30,8 +30,19 @@ Invalid = Callable[[str], Exception]
 Message = dict[str, Any]
 
 _BILLING = "x-anthropic-billing-header"
-_BLOCKS = frozenset({"text", "image", "tool_use", "tool_result", "tool_reference", "thinking",
-                     "redacted_thinking", "tool_addition", "tool_removal"})  # fmt: skip
+_BLOCKS = frozenset(
+    {
+        "text",
+        "image",
+        "tool_use",
+        "tool_result",
+        "tool_reference",
+        "thinking",
+        "redacted_thinking",
+        "tool_addition",
+        "tool_removal",
+    }
+)
 _CHOICES = {"auto": "auto", "any": "required", "none": "none"}
 
 
@@ -135,8 +146,11 @@ def _convert_blocks(blocks: list[dict[str, Any]], out: Message, messages: list[M
 def _call(block: dict[str, Any]) -> dict[str, Any]:
     arguments = json.dumps(block.get("input") or {})
     call_id = block.get("id") or f"call_{int(time.time())}"
-    return {"id": call_id, "type": "function",
-            "function": {"name": block.get("name") or "", "arguments": arguments}}  # fmt: skip
+    return {
+        "id": call_id,
+        "type": "function",
+        "function": {"name": block.get("name") or "", "arguments": arguments},
+    }
 
 
 def _tool_messages(block: dict[str, Any]) -> list[Message]:
@@ -150,8 +164,12 @@ def _tool_messages(block: dict[str, Any]) -> list[Message]:
         images = [_image_url(i.get("source") or {}) for i in items if i.get("type") == "image"]
     out: list[Message] = [{"role": "tool", "tool_call_id": call_id, "content": text}]
     if images:
-        out.append({"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": url}} for url in images]})  # fmt: skip
+        out.append(
+            {
+                "role": "user",
+                "content": [{"type": "image_url", "image_url": {"url": url}} for url in images],
+            }
+        )
     return out
 
 
@@ -165,9 +183,13 @@ def _tool(tool: dict[str, Any], invalid: Invalid) -> dict[str, Any]:
     schema = tool.get("input_schema")
     if not isinstance(tool.get("name"), str) or not isinstance(schema, dict):
         raise invalid("tools: each tool needs a name and an input_schema object")
-    function = {"name": tool["name"], "description": tool.get("description"),
-                "parameters": {"type": "object", **schema}, "strict": tool.get("strict"),
-                "defer_loading": tool.get("defer_loading")}  # fmt: skip
+    function = {
+        "name": tool["name"],
+        "description": tool.get("description"),
+        "parameters": {"type": "object", **schema},
+        "strict": tool.get("strict"),
+        "defer_loading": tool.get("defer_loading"),
+    }
     return {"type": "function", "function": function}
 
 

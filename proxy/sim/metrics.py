@@ -31,21 +31,44 @@ def render_metrics(state: SimState) -> str:
         else ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
     )
     series = (
-        ("vllm:num_requests_running", "gauge",
-         "Number of requests in model execution batches.", state.kv.num_running),
-        ("vllm:num_requests_waiting", "gauge",
-         "Number of requests waiting to be processed.", state.kv.num_waiting),
+        (
+            "vllm:num_requests_running",
+            "gauge",
+            "Number of requests in model execution batches.",
+            state.kv.num_running,
+        ),
+        (
+            "vllm:num_requests_waiting",
+            "gauge",
+            "Number of requests waiting to be processed.",
+            state.kv.num_waiting,
+        ),
         (kv_name, "gauge", kv_help, state.kv_usage()),
-        ("vllm:prompt_tokens_total", "counter",
-         "Number of prefill tokens processed.", state.prompt_tokens_total),
-        ("vllm:generation_tokens_total", "counter",
-         "Number of generation tokens processed.", state.generation_tokens_total),
-        ("vllm:prefix_cache_queries_total", "counter",
-         "Prefix cache queries, in terms of number of queried tokens.",
-         state.kv.prefix_queries),
-        ("vllm:prefix_cache_hits_total", "counter",
-         "Prefix cache hits, in terms of number of cached tokens.", state.kv.prefix_hits),
-    )  # fmt: skip
+        (
+            "vllm:prompt_tokens_total",
+            "counter",
+            "Number of prefill tokens processed.",
+            state.prompt_tokens_total,
+        ),
+        (
+            "vllm:generation_tokens_total",
+            "counter",
+            "Number of generation tokens processed.",
+            state.generation_tokens_total,
+        ),
+        (
+            "vllm:prefix_cache_queries_total",
+            "counter",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            state.kv.prefix_queries,
+        ),
+        (
+            "vllm:prefix_cache_hits_total",
+            "counter",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            state.kv.prefix_hits,
+        ),
+    )
     lines: list[str] = []
     for name, kind, help_text, value in series:
         lines.append(f"# HELP {name} {help_text}")

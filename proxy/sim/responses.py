@@ -55,8 +55,13 @@ def uuid_hex() -> str:
 
 
 def _not_found(dialect: Dialect, cfg: SimConfig, response_id: str) -> SimError:
-    return dialect.error(cfg, 404, f"Response with id '{response_id}' not found.",
-                         kind="invalid_request_error", param="response_id")  # fmt: skip
+    return dialect.error(
+        cfg,
+        404,
+        f"Response with id '{response_id}' not found.",
+        kind="invalid_request_error",
+        param="response_id",
+    )
 
 
 def _or(value: Any, default: Any) -> Any:
@@ -91,48 +96,75 @@ class _Answer:
         """vLLM's ``ResponsesResponse.from_request``, fields in its order."""
         p = self.payload
         return {
-            "id": self.rid, "created_at": self.created,
+            "id": self.rid,
+            "created_at": self.created,
             "incomplete_details": {"reason": "max_output_tokens"}
-            if status == "incomplete" else None,
-            "instructions": p.get("instructions"), "metadata": p.get("metadata"),
-            "model": self.plan.model, "object": "response", "output": output,
+            if status == "incomplete"
+            else None,
+            "instructions": p.get("instructions"),
+            "metadata": p.get("metadata"),
+            "model": self.plan.model,
+            "object": "response",
+            "output": output,
             "parallel_tool_calls": _or(p.get("parallel_tool_calls"), True),
-            "temperature": _or(p.get("temperature"), 1.0), "tool_choice": self.tool_choice,
-            "tools": p.get("tools") or [], "top_p": _or(p.get("top_p"), 1.0),
-            "background": False, "max_output_tokens": self.bound,
-            "max_tool_calls": p.get("max_tool_calls"), "previous_response_id": None,
-            "prompt": None, "reasoning": p.get("reasoning"),
-            "service_tier": _or(p.get("service_tier"), "auto"), "status": status,
-            "text": p.get("text"), "top_logprobs": None,
-            "truncation": _or(p.get("truncation"), "disabled"), "usage": usage,
+            "temperature": _or(p.get("temperature"), 1.0),
+            "tool_choice": self.tool_choice,
+            "tools": p.get("tools") or [],
+            "top_p": _or(p.get("top_p"), 1.0),
+            "background": False,
+            "max_output_tokens": self.bound,
+            "max_tool_calls": p.get("max_tool_calls"),
+            "previous_response_id": None,
+            "prompt": None,
+            "reasoning": p.get("reasoning"),
+            "service_tier": _or(p.get("service_tier"), "auto"),
+            "status": status,
+            "text": p.get("text"),
+            "top_logprobs": None,
+            "truncation": _or(p.get("truncation"), "disabled"),
+            "usage": usage,
             "user": p.get("user"),
             "presence_penalty": _or(p.get("presence_penalty"), 0.0),
             "frequency_penalty": _or(p.get("frequency_penalty"), 0.0),
-            "kv_transfer_params": None, "ec_transfer_params": None,
-            "input_messages": None, "output_messages": None,
-        }  # fmt: skip
+            "kv_transfer_params": None,
+            "ec_transfer_params": None,
+            "input_messages": None,
+            "output_messages": None,
+        }
 
     def usage(self) -> dict[str, Any]:
         prompt_tokens, output = self.plan.prompt_tokens, self.plan.completion_tokens
         return {
             "input_tokens": prompt_tokens,
-            "input_tokens_details": {"cached_tokens": self.plan.cached_tokens,
-                                     "cache_write_tokens": 0, "input_tokens_per_turn": [],
-                                     "cached_tokens_per_turn": []},
+            "input_tokens_details": {
+                "cached_tokens": self.plan.cached_tokens,
+                "cache_write_tokens": 0,
+                "input_tokens_per_turn": [],
+                "cached_tokens_per_turn": [],
+            },
             "output_tokens": output,
-            "output_tokens_details": {"reasoning_tokens": 0, "tool_output_tokens": 0,
-                                      "output_tokens_per_turn": [],
-                                      "tool_output_tokens_per_turn": []},
+            "output_tokens_details": {
+                "reasoning_tokens": 0,
+                "tool_output_tokens": 0,
+                "output_tokens_per_turn": [],
+                "tool_output_tokens_per_turn": [],
+            },
             "total_tokens": prompt_tokens + output,
-        }  # fmt: skip
+        }
 
     def part(self, text: str, logprobs: list[Any] | None) -> dict[str, Any]:
         return {"annotations": [], "text": text, "type": "output_text", "logprobs": logprobs}
 
     def item(self, status: str, content: list[Any]) -> dict[str, Any]:
         # The item is "completed" even when the response is not (vLLM's wording).
-        return {"id": self.mid, "content": content, "role": "assistant", "status": status,
-                "type": "message", "phase": None}  # fmt: skip
+        return {
+            "id": self.mid,
+            "content": content,
+            "role": "assistant",
+            "status": status,
+            "type": "message",
+            "phase": None,
+        }
 
     def final(self, streamed: bool) -> dict[str, Any]:
         """The finished response; streamed, its output is the items streamed (none when
@@ -157,11 +189,16 @@ class _Answer:
 
         where = {"item_id": self.mid, "output_index": 0, "content_index": 0}
         opening = self.response("in_progress", [], None)
-        head = [event("response.created", response=opening),
-                event("response.in_progress", response=opening)]  # fmt: skip
+        head = [
+            event("response.created", response=opening),
+            event("response.in_progress", response=opening),
+        ]
         if self.words:
-            head.append(event("response.output_item.added", output_index=0,
-                              item=self.item("in_progress", [])))  # fmt: skip
+            head.append(
+                event(
+                    "response.output_item.added", output_index=0, item=self.item("in_progress", [])
+                )
+            )
             head.append(event("response.content_part.added", **where, part=self.part("", [])))
         yield b"".join(head)
         for word in self.words:
@@ -171,8 +208,13 @@ class _Answer:
             text = self.text
             tail.append(event("response.output_text.done", **where, text=text, logprobs=[]))
             tail.append(event("response.content_part.done", **where, part=self.part(text, None)))
-            tail.append(event("response.output_item.done", output_index=0,
-                              item=self.item("completed", [self.part(text, None)])))  # fmt: skip
+            tail.append(
+                event(
+                    "response.output_item.done",
+                    output_index=0,
+                    item=self.item("completed", [self.part(text, None)]),
+                )
+            )
         tail.append(event("response.completed", response=self.final(streamed=True)))
         yield b"".join(tail)
 
@@ -203,10 +245,13 @@ async def responses(request: web.Request) -> web.StreamResponse:
     prompt.check_window(dialect, cfg, counted[0])
     if counted[0] >= cfg.max_model_len:  # vLLM's own check for this route, after the renderer's
         raise dialect.error(
-            cfg, 400, f"The engine prompt length {counted[0]} exceeds the max_model_len "
-            f"{cfg.max_model_len}. Please reduce prompt.", kind="invalid_request_error",
+            cfg,
+            400,
+            f"The engine prompt length {counted[0]} exceeds the max_model_len "
+            f"{cfg.max_model_len}. Please reduce prompt.",
+            kind="invalid_request_error",
             param="input",
-        )  # fmt: skip
+        )
     bound = prompt.completion_bound(dialect, cfg, counted[0], asked)
     skip = words_in(messages[-1].get("content") or "", stripped=True) if continues else 0
     plan = prompt.plan(cfg, model, counted, bound, skip=skip)
@@ -232,8 +277,9 @@ def _tool_choice(payload: dict[str, Any], invalid: Refuse) -> Any:
     if choice in ("auto", "none"):
         return "none"
     if choice == "required":
-        raise invalid("Tool choice 'required' must be specified with 'tools' parameter.",
-                      "tool_choice")  # fmt: skip
+        raise invalid(
+            "Tool choice 'required' must be specified with 'tools' parameter.", "tool_choice"
+        )
     raise invalid("Tool choice 'function' not found in 'tools' parameter.", "tool_choice")
 
 
@@ -258,5 +304,9 @@ async def retrieve(request: web.Request) -> web.StreamResponse:
 
 async def no_delete(request: web.Request) -> web.StreamResponse:
     """vLLM has no ``DELETE`` on a response: FastAPI's 405 for the ``GET`` route."""
-    return web.Response(body=b'{"detail":"Method Not Allowed"}', status=405,
-                        content_type=JSON_TYPE, headers={"Allow": "GET"})  # fmt: skip
+    return web.Response(
+        body=b'{"detail":"Method Not Allowed"}',
+        status=405,
+        content_type=JSON_TYPE,
+        headers={"Allow": "GET"},
+    )

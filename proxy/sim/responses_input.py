@@ -58,8 +58,9 @@ def _add(messages: list[Message], item: dict[str, Any], invalid: Refuse, refuse:
     elif kind == "function_call_output":
         if not isinstance(item.get("call_id"), str):
             raise invalid("input: function_call_output needs call_id and output", "input")
-        messages.append({"role": "tool", "content": item.get("output"),
-                         "tool_call_id": item["call_id"]})  # fmt: skip
+        messages.append(
+            {"role": "tool", "content": item.get("output"), "tool_call_id": item["call_id"]}
+        )
     elif kind == "reasoning":
         _merge(messages, last, "reasoning", _reasoning(item, invalid, refuse))
     elif kind == "message":

@@ -90,8 +90,11 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
     def body() -> bytes:
         out = chunk("".join(words), plan.finish_reason)
-        out["usage"] = {"prompt_tokens": count, "total_tokens": count + tokens,
-                        "completion_tokens": tokens}  # fmt: skip
+        out["usage"] = {
+            "prompt_tokens": count,
+            "total_tokens": count + tokens,
+            "completion_tokens": tokens,
+        }
         return orjson.dumps(out)
 
     def events() -> Iterator[bytes]:

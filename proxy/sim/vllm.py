@@ -42,9 +42,11 @@ def _call(call: ToolCall, arguments: str | None = None) -> dict[str, Any]:
     return {
         "id": tool_call_id(),
         "type": "function",
-        "function": {"name": call.name, "arguments": call.arguments if arguments is None
-                     else arguments},
-    }  # fmt: skip
+        "function": {
+            "name": call.name,
+            "arguments": call.arguments if arguments is None else arguments,
+        },
+    }
 
 
 class VLLM(Dialect):
@@ -157,8 +159,12 @@ class VLLM(Dialect):
         left = max(cfg.completion_tokens - (skip or 0), 0)
         tokens = min(left, room)
         finish = "length" if room <= left else "stop"
-        options = parse_options(payload, lambda message, param: self.error(
-            cfg, 400, message, kind="BadRequestError", param=param))  # fmt: skip
+        options = parse_options(
+            payload,
+            lambda message, param: self.error(
+                cfg, 400, message, kind="BadRequestError", param=param
+            ),
+        )
         plan = Plan(model, prompt, tokens, finish, options, ids, skip=skip or 0)
         if ids is not None and options.n == 1 and options.tool_call is None:
             plan.answer = "".join(_tokens(plan)).lstrip()
