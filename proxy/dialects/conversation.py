@@ -50,6 +50,13 @@ class Conversation:
     """The pair ids each item carries (``turn_roles``)."""
     given_roles: list[Message] | None = None
     """The turn roles where the dialect has them outright (chat: its messages)."""
+    plain_view: list[Message] | None = None
+    """The chat view of every item, where the parse found each item a chat message as
+    it stands (a Responses list of plain messages): counted as it is, one message an
+    item, with no conversion to run (docs/performance.md §5b)."""
+    plain_for: list[Any] | None = None
+    """The ``items`` that view is of: a copy with other items (``dataclasses.replace``)
+    is not taken for it."""
     holds_tool_role: bool | None = None
     """Whether a turn role is ``tool``, where the parse saw every role (chat's); None:
     not known, ``roles`` is read to tell."""

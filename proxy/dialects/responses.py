@@ -54,11 +54,17 @@ def _build(body: JSONObject) -> Conversation:
     head: list[object] = [instructions] if instructions else []
     kinds = ["system"] * len(head)
     keys: list[tuple[str, ...]] = [()] * len(head)
-    entries = _input(body, kinds, keys)
+    entries, plain = _input(body, kinds, keys)
+    items = [*head, *entries]
+    view = None
+    if plain:  # the chat view is the items, the instructions a system message
+        view = [{"role": "system", "content": instructions}, *entries] if head else items
     return Conversation(
         endpoint="responses",
         body=body,
-        items=[*head, *entries],
+        items=items,
+        plain_view=view,
+        plain_for=items if plain else None,
         head=len(head),
         model=model,
         stream=stream,
@@ -70,9 +76,12 @@ def _build(body: JSONObject) -> Conversation:
     )
 
 
-def _input(body: JSONObject, kinds: list[str], keys: list[tuple[str, ...]]) -> list[Any]:
+def _input(
+    body: JSONObject, kinds: list[str], keys: list[tuple[str, ...]]
+) -> tuple[list[Any], bool]:
     """The input items, each checked, its own role appended to ``kinds`` and its pair
-    keys to ``keys``: one pass, as every request pays it (docs/performance.md §5b)."""
+    keys to ``keys``, and whether each is a chat message as it stands (``to_chat`` would
+    give it back): one pass, as every request pays it (docs/performance.md §5b)."""
     if "input" not in body or body["input"] is None:
         raise InvalidRequest(
             "'input' is required: a string or a list of input items.", param="input"
@@ -81,9 +90,11 @@ def _input(body: JSONObject, kinds: list[str], keys: list[tuple[str, ...]]) -> l
     if isinstance(value, str):
         kinds.append("user")
         keys.append(())
-        return [value]
+        return [value], False
     if not isinstance(value, list):
         raise InvalidRequest("'input' must be a string or a list of input items.", param="input")
+    plain = True  # every item a chat message as it stands, so far
+    before = None
     for i, item in enumerate(value):
         if not isinstance(item, dict):
             raise InvalidRequest(f"input[{i}] must be an object.", param="input")
@@ -92,8 +103,18 @@ def _input(body: JSONObject, kinds: list[str], keys: list[tuple[str, ...]]) -> l
         if kind is None or kind == "message":
             if isinstance(role, str):
                 kinds.append(role)
+                if plain and role == "assistant":
+                    # The chat view makes an assistant's text a bare message of its own,
+                    # or merges it into the assistant's before (``to_chat``).
+                    plain = (
+                        before != "assistant"
+                        and len(item) == 2
+                        and item.get("content").__class__ is str
+                    )
+                before = role
             elif kind is None and "type" in item:  # an explicit null type asks no role
                 kinds.append("assistant")
+                plain = False
             else:
                 raise InvalidRequest(
                     f"input[{i}] is a message without a 'role' string; give it 'role' "
@@ -102,6 +123,7 @@ def _input(body: JSONObject, kinds: list[str], keys: list[tuple[str, ...]]) -> l
                 )
         else:
             kinds.append(_kind(item))
+            plain = False
         if kind == "mcp_approval_request":
             key = item.get("id")
         elif kind == "mcp_approval_response":
@@ -109,7 +131,7 @@ def _input(body: JSONObject, kinds: list[str], keys: list[tuple[str, ...]]) -> l
         else:
             key = item.get("call_id")
         keys.append((key,) if isinstance(key, str) else ())
-    return list(value)
+    return list(value), plain
 
 
 def session_roles(conv: Conversation) -> list[str]:

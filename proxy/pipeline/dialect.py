@@ -154,6 +154,8 @@ class Dialect:
         """Every item, as the chat template renders them."""
         if self.items_are_messages:
             return ChatView(conv.items)
+        if conv.plain_for is conv.items and conv.plain_view is not None:
+            return ChatView(conv.plain_view)
         return ChatView(*self.to_chat(conv, range(len(conv.items))))
 
     def stream_error(self, exc: ProxyError) -> bytes:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 from proxy.dialects import responses
 from proxy.dialects.conversation import Conversation, turn_roles
 from proxy.dialects.responses_chat import _from_item, to_chat
+from proxy.pipeline.table import builtin_dialects
 from proxy.types import Message
 from tests.support.properties import examples
 
@@ -114,3 +116,59 @@ def test_the_short_ways_end_where_the_long_ways_do(body: dict[str, Any], data: A
     for kept in (everything, some):
         assert to_chat(conv, kept) == _one_at_a_time(conv, kept)
     assert conv.items == client  # nothing written into the client's items
+
+
+@st.composite
+def plain_bodies(draw: st.DrawFn) -> dict[str, Any]:
+    """Lists of messages of a role and a content, the common stateless list, now and
+    then one that is not plain (an id, a content that is not text, two assistants in a
+    row), with and without instructions."""
+
+    def message(shape: int, role: str, text: str) -> dict[str, Any]:
+        if shape == 0:
+            return {"type": "message", "role": role, "content": text, "id": "m1"}
+        if shape == 1:
+            return {"role": role, "content": [{"type": "input_text", "text": text}]}
+        return {"role": role, "content": text}
+
+    shapes = st.integers(0, 12)
+    items = draw(st.lists(st.builds(message, shapes, ROLES, TEXTS), max_size=12))
+    body: dict[str, Any] = {"model": "m", "input": items}
+    if draw(st.booleans()):
+        body["instructions"] = draw(TEXTS.filter(bool))
+    return body
+
+
+@PROPS
+@given(body=st.one_of(plain_bodies(), bodies()))
+def test_a_plain_list_is_its_own_chat_view(body: dict[str, Any]) -> None:
+    """Where the parse takes every item for a chat message as it stands, the chat view
+    is the items (the instructions a system message), one message an item: what
+    ``_from_item`` builds one at a time."""
+    conv = responses.parse(orjson.dumps(body))
+    dialect = next(d for d in builtin_dialects() if d.endpoint == "responses")
+    messages, owner = _one_at_a_time(conv, range(len(conv.items)))
+    view = dialect.chat_view(conv)
+    assert view.messages == messages
+    assert (list(range(len(conv.items))) if view.owner is None else view.owner) == owner
+    entries = body["input"] if isinstance(body["input"], list) else None
+    plain = entries is not None and all(_plain(entries, i) for i in range(len(entries)))
+    assert (conv.plain_for is conv.items) == plain
+    if plain and conv.items:
+        # A copy with other items is not taken for plain: its view is built again.
+        fewer = replace(conv, items=conv.items[:-1])
+        assert (
+            dialect.chat_view(fewer).messages == _one_at_a_time(fewer, range(len(fewer.items)))[0]
+        )
+
+
+def _plain(entries: list[Any], i: int) -> bool:
+    """Whether ``to_chat`` gives item ``i`` back as it stands: a message with a role
+    string, an assistant's only as a bare text not after another assistant's."""
+    m = entries[i]
+    if m.get("type") not in (None, "message") or not isinstance(m.get("role"), str):
+        return False
+    if m["role"] != "assistant":
+        return True
+    after = i > 0 and entries[i - 1].get("role") == "assistant"
+    return len(m) == 2 and isinstance(m.get("content"), str) and not after
