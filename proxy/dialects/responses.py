@@ -131,7 +131,8 @@ def _input(
         else:
             key = item.get("call_id")
         keys.append((key,) if isinstance(key, str) else ())
-    return list(value), plain
+    # The body's own list: ``_build`` copies it once, behind the instructions.
+    return value, plain
 
 
 def session_roles(conv: Conversation) -> list[str]:

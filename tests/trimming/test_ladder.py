@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 import orjson
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from proxy.dialects.tool_outputs import CHAT
@@ -118,8 +118,39 @@ def test_the_ladder_keeps_its_invariants(case: Case) -> None:
     assert climbed == _climb(copy.deepcopy(case))  # no state
 
 
+def _round(k: int) -> list[Message]:
+    call = {"id": f"call_{k}", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    return [
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": f"call_{k}", "content": "hello"},
+    ]
+
+
+# Found by hypothesis: two user messages in a row over the budget, then the first tool
+# output; the ladder's replay must take trim's steps up to it (it cut to the low-water
+# mark at the second user message, and the prompt that held 50 of 50 changed).
+_TWO_USERS_THEN_A_TOOL: Case = (
+    [
+        {"role": "system", "content": "hello"},
+        {"role": "user", "content": None},
+        {"role": "system", "content": "hello"},
+        {"role": "assistant", "content": "hello"},
+        {"role": "assistant", "content": None},
+        {"role": "user", "content": "hello"},
+        {"role": "user", "content": "hello"},
+        *_round(1),
+        *_round(2),
+    ],
+    PromptCount((1, 1, 1, 1, 1, 46, 1, 1, 1, 1, 1), 0),
+    [1, 1],
+    TrimPolicy(budget=50, target=0.5),
+    0,
+)
+
+
 @PROPS
 @given(agent_cases())
+@example(_TWO_USERS_THEN_A_TOOL)
 def test_a_prompt_changes_only_when_its_held_form_is_over(case: Case) -> None:
     """Replayed request by request, as the agent sent them: each forwarded prompt begins
     with the one before, unless that one and what came since would be over the budget
