@@ -54,8 +54,9 @@ PATHS = {
 }
 
 
-def dialect_body(dialect: str, stream: bool) -> bytes:
-    """``overhead.chat_body``'s conversation in ``dialect``'s wire format."""
+def dialect_body(dialect: str, stream: bool, store: bool = True) -> bytes:
+    """``overhead.chat_body``'s conversation in ``dialect``'s wire format; a Responses
+    request with ``store: false`` unless ``store``."""
     chat = json.loads(overhead.chat_body(stream))
     if dialect == "chat":
         return json.dumps(chat).encode()
@@ -63,6 +64,8 @@ def dialect_body(dialect: str, stream: bool) -> bytes:
     body: dict[str, Any] = {"model": chat["model"]}
     if dialect == "responses":
         body |= {"instructions": system["content"], "input": turns, "max_output_tokens": 64}
+        if not store:
+            body["store"] = False
     elif dialect == "messages":
         body |= {"system": system["content"], "messages": turns, "max_tokens": 64}
     else:
@@ -140,6 +143,12 @@ def main(argv: list[str] | None = None) -> int:
         "--dialect", choices=tuple(PATHS), default="chat", help="the wire format sent [chat]"
     )
     parser.add_argument(
+        "--no-store",
+        action="store_true",
+        help="with --dialect responses: store: false (the request is kept nowhere, as "
+        "responses_peer.py's stateless list)",
+    )
+    parser.add_argument(
         "--paced",
         action="store_true",
         help="streamed at an engine's pace (overhead.py's paced mode; use -c 1: under "
@@ -165,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.keep is not None:
         args.keep.mkdir(parents=True, exist_ok=True)
         workdir = args.keep
-    body = dialect_body(args.dialect, args.stream or args.paced)
+    body = dialect_body(args.dialect, args.stream or args.paced, store=not args.no_store)
     sim = overhead.start_sim(workdir)
     if args.paced:
         overhead.pace_sim(sim, "paced")

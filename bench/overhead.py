@@ -19,6 +19,8 @@ non-streaming and streaming, against:
 * ``floor``        a bare FastAPI + aiohttp-client passthrough (``floor_fastapi_aiohttp.py``)
 * ``floor-aiohttp`` a bare aiohttp-server + aiohttp-client passthrough (``floor_aiohttp.py``):
   the cheapest Python proxy, so ``/aio`` says how far from the Python limit a target is
+* ``floor-uvicorn`` uvicorn serving a bare ASGI callable + an aiohttp client
+  (``floor_uvicorn_aiohttp.py``): trimproxy's server without a framework on it
 * ``naive``        FastAPI + ``request.json()`` + httpx (``naive_fastapi_httpx.py``)
 
 Modes: ``plain`` (non-streamed), ``stream`` (16 SSE events sent at once) and ``paced``
@@ -89,6 +91,7 @@ ALL_TARGETS = (
     "trimproxy-trim-starlette",
     "floor",
     "floor-aiohttp",
+    "floor-uvicorn",
     "naive",
 )
 DEFAULT_TARGETS = ("direct", "trimproxy", "trimproxy-trim", "trimproxy-hf", "floor",
@@ -98,6 +101,7 @@ AIO_FLOOR = "floor-aiohttp"
 FLOOR_SCRIPTS = {
     "floor": "floor_fastapi_aiohttp.py",
     "floor-aiohttp": "floor_aiohttp.py",
+    "floor-uvicorn": "floor_uvicorn_aiohttp.py",
     "naive": "naive_fastapi_httpx.py",
 }
 

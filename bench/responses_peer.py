@@ -6,7 +6,9 @@ process's utime + stime (from /proc) over its requests, per request. The arms ar
 interleaved round by round, so a load change on this shared machine falls on all.
 Beside them, ``floor-aiohttp`` (``bench/floor_aiohttp.py``: aiohttp's server and
 client relaying the bytes, nothing parsed) is what any Python gateway pays before it
-does anything; it stores nothing, so it has no ``chains`` cell. ``--baseline DIR``
+does anything, and ``floor-uvicorn`` (``bench/floor_uvicorn_aiohttp.py``: uvicorn and a
+bare ASGI callable, the same relay) what trimproxy's own server pays without a
+framework; they store nothing, so they have no ``chains`` cell. ``--baseline DIR``
 adds ``trimproxy-base``, the proxy of another checkout, in the same rounds.
 
 * ``stateless``: a 10-turn ``input`` list (10 user, 9 assistant messages, ~4 kB),
@@ -46,7 +48,8 @@ from bench import overhead  # noqa: E402
 PEER_PIN = "agentic-api==0.9.0"
 MODEL = "sim-model"
 WORKLOADS = ("stateless", "streamed", "chains")
-PEER, FLOOR, OURS, BASE = "agentic-api", "floor-aiohttp", "trimproxy", "trimproxy-base"
+PEER, OURS, BASE = "agentic-api", "trimproxy", "trimproxy-base"
+FLOORS = ("floor-aiohttp", "floor-uvicorn")
 _PROSE = (
     "the agent reads the failing test opens the module and explains which change keeps "
     "every caller working before it edits one function and runs the suite again"
@@ -195,13 +198,13 @@ def measure(
 
 
 def _serves(arm: str, workload: str) -> bool:
-    return arm != FLOOR or workload != "chains"
+    return arm not in FLOORS or workload != "chains"
 
 
 def table(cells: dict[tuple[str, str], Cell], args: argparse.Namespace) -> str:
     """agentic-api's ms a request, then each other arm's and its ratio to that (``nan``
     where a cell has none: the floor's chains, or a peer cell read as 0 ticks)."""
-    arms = [a for a in (OURS, FLOOR, BASE) if (a, args.workloads[0]) in cells]
+    arms = [a for a in (OURS, *FLOORS, BASE) if (a, args.workloads[0]) in cells]
     lines = [
         f"c={args.connections}, {args.rounds} rounds x {args.requests} requests a workload and arm",
         f"{'workload':<11}{PEER + ' ms':>16}"
@@ -233,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     arms: dict[str, overhead.Server] = {}
     try:
         arms[PEER] = start_peer(sim, workdir)
-        arms[FLOOR] = overhead.start_floor(FLOOR, sim.url, workdir)
+        for floor in FLOORS:
+            arms[floor] = overhead.start_floor(floor, sim.url, workdir)
         arms[OURS] = start_proxy(sim, workdir)
         if args.baseline is not None:
             arms[BASE] = start_proxy(sim, workdir, args.baseline)
