@@ -203,7 +203,7 @@ def _serves(arm: str, workload: str) -> bool:
 
 def table(cells: dict[tuple[str, str], Cell], args: argparse.Namespace) -> str:
     """agentic-api's ms a request, then each other arm's and its ratio to that (``nan``
-    where a cell has none: the floor's chains, or a peer cell read as 0 ticks)."""
+    where a cell has none: the floors' chains, or a peer cell read as 0 ticks)."""
     arms = [a for a in (OURS, *FLOORS, BASE) if (a, args.workloads[0]) in cells]
     lines = [
         f"c={args.connections}, {args.rounds} rounds x {args.requests} requests a workload and arm",
