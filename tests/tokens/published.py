@@ -22,6 +22,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import tiktoken.load
+
 from tests.support.tiny_model import cache_root
 
 
@@ -107,3 +109,22 @@ def fetch(item: Published) -> Path:
                 staged.write_bytes(data)
                 os.replace(staged, dest / name)
     return dest
+
+
+def cl100k_encoding() -> tiktoken.Encoding:
+    """cl100k_base, built from the published file (``tiktoken.get_encoding`` would download)."""
+    name, digest = CL100K.files["tiktoken_ext/data/cl100k_base.tiktoken"]
+    # tiktoken caches each file it reads under the temp dir, keyed by the path alone,
+    # and without a hash trusts that copy for good; with it, a copy that differs (one
+    # an earlier run read half-written) is dropped and the file read again.
+    ranks = tiktoken.load.load_tiktoken_bpe(str(fetch(CL100K) / name), expected_hash=digest)
+    return tiktoken.Encoding(
+        name="cl100k_base",
+        # cl100k_base's split pattern, as tiktoken_ext.openai_public defines it.
+        pat_str=(
+            r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+"""
+            r"""| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
+        ),
+        mergeable_ranks=ranks,
+        special_tokens={},
+    )

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import tiktoken.load
+import tiktoken
 from tokenizers import Tokenizer
 
 from proxy.tokens.approx import estimate_text
-from tests.tokens.published import CL100K, fetch
+from tests.tokens.published import cl100k_encoding
 
 TEXTS = {
     "english": "The committee reviewed the quarterly figures and asked for a revised "
@@ -27,17 +27,7 @@ TEXTS = {
 
 @pytest.fixture(scope="module")
 def cl100k() -> tiktoken.Encoding:
-    ranks = tiktoken.load.load_tiktoken_bpe(str(fetch(CL100K) / "cl100k_base.tiktoken"))
-    return tiktoken.Encoding(
-        name="cl100k_base",
-        # cl100k_base's split pattern, as tiktoken_ext.openai_public defines it.
-        pat_str=(
-            r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+"""
-            r"""| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
-        ),
-        mergeable_ranks=ranks,
-        special_tokens={},
-    )
+    return cl100k_encoding()
 
 
 @pytest.mark.parametrize("kind", sorted(TEXTS))
