@@ -25,6 +25,7 @@ import argparse
 import asyncio
 import json
 import random
+import shutil
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -337,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         sim.stop()
     print(table(rows, args))
+    shutil.rmtree(workdir, ignore_errors=True)  # kept when it fails: the servers' logs
     return 0
 
 

@@ -32,6 +32,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -247,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
             server.stop()
         sim.stop()
     print(table(cells, args))
+    shutil.rmtree(workdir, ignore_errors=True)  # kept when it fails: the servers' logs
     return 0
 
 

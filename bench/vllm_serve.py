@@ -37,6 +37,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -304,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
               "runs": runs, "ratios": ratios, "median_ratios": summaries}  # fmt: skip
     args.json.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {args.json}")
+    shutil.rmtree(workdir, ignore_errors=True)  # kept when it fails: the client's output
     return 0
 
 

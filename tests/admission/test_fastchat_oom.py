@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -59,8 +60,14 @@ def wide_stack() -> Iterator[FastChatStack]:
         pytest.skip("TRIMPROXY_SKIP_FASTCHAT=1: the real FastChat stack is switched off")
     # Its own folder: the session's default stack uses trimproxy-fastchat-<pid>.
     workdir = Path(tempfile.gettempdir()) / f"trimproxy-fastchat-kv-{os.getpid()}"
-    with FastChatStack(workdir=workdir, shape=WIDE, worker_concurrency=BURST) as stack:
-        yield stack
+    # The temp dir outlives the checkout: a folder of an earlier run's with this pid goes.
+    shutil.rmtree(workdir, ignore_errors=True)
+    try:
+        with FastChatStack(workdir=workdir, shape=WIDE, worker_concurrency=BURST) as stack:
+            yield stack
+    finally:
+        if not os.environ.get("TRIMPROXY_KEEP_FASTCHAT_LOGS"):
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 def prompts(model_dir: Path) -> list[list[dict[str, str]]]:
