@@ -19,8 +19,6 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -58,16 +56,10 @@ _WORDS = (  # noqa: SIM905
 def wide_stack() -> Iterator[FastChatStack]:
     if os.environ.get("TRIMPROXY_SKIP_FASTCHAT") == "1":
         pytest.skip("TRIMPROXY_SKIP_FASTCHAT=1: the real FastChat stack is switched off")
-    # Its own folder: the session's default stack uses trimproxy-fastchat-<pid>.
-    workdir = Path(tempfile.gettempdir()) / f"trimproxy-fastchat-kv-{os.getpid()}"
-    # The temp dir outlives the checkout: a folder of an earlier run's with this pid goes.
-    shutil.rmtree(workdir, ignore_errors=True)
-    try:
-        with FastChatStack(workdir=workdir, shape=WIDE, worker_concurrency=BURST) as stack:
-            yield stack
-    finally:
-        if not os.environ.get("TRIMPROXY_KEEP_FASTCHAT_LOGS"):
-            shutil.rmtree(workdir, ignore_errors=True)
+    # A folder of its own: the session's default stack has trimproxy-fastchat-<pid>.
+    stack = FastChatStack(folder="trimproxy-fastchat-kv", shape=WIDE, worker_concurrency=BURST)
+    with stack:
+        yield stack
 
 
 def prompts(model_dir: Path) -> list[list[dict[str, str]]]:

@@ -176,7 +176,9 @@ class FastChatStack(Stack):
     server's root (append ``/v1`` for the OpenAI SDK).
     """
 
-    workdir: Path | None = None
+    #: The stack's folder in the temp dir is ``<folder>-<pid>``: a second stack in the
+    #: same test process needs a name of its own.
+    folder: str = "trimproxy-fastchat"
     model_name: str = MODEL_NAME
     startup_timeout: float = 180.0
     #: FastChat's per-worker concurrency limit (its semaphore; default 5 upstream).
@@ -193,7 +195,7 @@ class FastChatStack(Stack):
     model_dir: Path = field(init=False)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict, init=False)
     logs: dict[str, Path] = field(default_factory=dict, init=False)
-    _own_workdir: bool = field(default=False, init=False)
+    workdir: Path | None = field(default=None, init=False)
 
     # --- addresses
 
@@ -224,14 +226,13 @@ class FastChatStack(Stack):
         python = fastchat_python()
         self.timings.venv = time.monotonic() - began
 
-        if self.workdir is None:
-            # A short path of our own: FastChat picks a model adapter by substrings
-            # of the model path ("t5", "mpt", "qwen", ...), so the path the worker sees
-            # must contain none; a random temp name or a CI checkout path might.
-            self.workdir = Path(tempfile.gettempdir()) / f"trimproxy-fastchat-{os.getpid()}"
-            shutil.rmtree(self.workdir, ignore_errors=True)
-            self._own_workdir = True
-        self.workdir.mkdir(parents=True, exist_ok=True)
+        # A short path of our own: FastChat picks a model adapter by substrings of the
+        # model path ("t5", "mpt", "qwen", ...), so the path the worker sees must contain
+        # none; a random temp name or a CI checkout path might. The temp dir outlives a
+        # checkout: an earlier run's folder with this pid goes first.
+        self.workdir = Path(tempfile.gettempdir()) / f"{self.folder}-{os.getpid()}"
+        shutil.rmtree(self.workdir, ignore_errors=True)
+        self.workdir.mkdir(parents=True)
 
         began = time.monotonic()
         self.model_dir = build_model(
@@ -382,11 +383,7 @@ class FastChatStack(Stack):
             proc = self.procs.get(name)
             if proc is not None:
                 stop_process_group(proc)
-        if (
-            self._own_workdir
-            and self.workdir is not None
-            and not os.environ.get("TRIMPROXY_KEEP_FASTCHAT_LOGS")
-        ):
+        if self.workdir is not None and not os.environ.get("TRIMPROXY_KEEP_FASTCHAT_LOGS"):
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     # --- introspection for tests
