@@ -15,6 +15,7 @@ request and the ratio to ``floor``.
     .venv/bin/python bench/callgrind_cost.py --targets trimproxy,floor --requests 200
     .venv/bin/python bench/callgrind_cost.py --paced -c 1 --requests 100 --warmup 10
     .venv/bin/python bench/callgrind_cost.py --dialect messages --targets trimproxy,trimproxy-base
+    .venv/bin/python bench/callgrind_cost.py --dialect responses --peer-body -c 1
 
 ``--dialect`` sends the same conversation in another wire format, to its route: the
 Responses API (``instructions`` and the turns as input messages), Anthropic Messages
@@ -43,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench import overhead  # noqa: E402
+from bench import overhead, responses_peer  # noqa: E402
 
 #: Each wire format's route (``--dialect``).
 PATHS = {
@@ -149,6 +150,12 @@ def main(argv: list[str] | None = None) -> int:
         "responses_peer.py's stateless list)",
     )
     parser.add_argument(
+        "--peer-body",
+        action="store_true",
+        help="with --dialect responses: responses_peer.py's stateless list (10 turns of "
+        "short texts, 4 kB, store: false) instead of this bench's 20 messages",
+    )
+    parser.add_argument(
         "--paced",
         action="store_true",
         help="streamed at an engine's pace (overhead.py's paced mode; use -c 1: under "
@@ -175,6 +182,10 @@ def main(argv: list[str] | None = None) -> int:
         args.keep.mkdir(parents=True, exist_ok=True)
         workdir = args.keep
     body = dialect_body(args.dialect, args.stream or args.paced, store=not args.no_store)
+    if args.peer_body:
+        if args.dialect != "responses":
+            parser.error("--peer-body is a Responses body: give --dialect responses")
+        body = responses_peer.stateless_body(stream=args.stream or args.paced)
     sim = overhead.start_sim(workdir)
     if args.paced:
         overhead.pace_sim(sim, "paced")

@@ -16,12 +16,12 @@ import orjson
 
 from proxy.compaction.fold import fold, is_kept, unfold
 from proxy.compaction.seal import CompactionRefused, Sealer
+from proxy.dialects.responses import COMPACTION_ITEM, COMPACTION_TRIGGER, COMPACTION_TYPES
 from proxy.metrics import Metrics
 from proxy.types import JSONObject
 
-ITEM = "compaction"
-TRIGGER = "compaction_trigger"
-_TYPES = (ITEM, TRIGGER)
+ITEM = COMPACTION_ITEM
+TRIGGER = COMPACTION_TRIGGER
 _VERSION = 1
 
 
@@ -123,10 +123,10 @@ def carries(items: Any) -> bool:
     """Whether an ``input`` holds a compaction item or a trigger."""
     if not isinstance(items, list):
         return False
-    # A loop over the types, not any() of two calls an item: every Responses request
-    # asks it of its whole input (49k -> 22k instructions on 19 items; a scan of the
-    # body's bytes for the name was 29k; docs/performance.md §5b).
-    types = _TYPES
+    # A loop over the types, not any() of two calls an item (49k -> 22k instructions
+    # on 19 items; a scan of the body's bytes for the name was 29k; docs/performance.md
+    # §5b). The Responses parse answers it on its way (``holds_compaction``).
+    types = COMPACTION_TYPES
     for item in items:  # noqa: SIM110 (the loop is the point)
         if isinstance(item, dict) and item.get("type") in types:
             return True

@@ -2,7 +2,7 @@
 
 Trimming (``proxy.trimming``) reads only each item's role, so a dialect's whole rule
 for what may be dropped is the ``roles`` it gives (chat: its messages) or the kinds and
-pair keys ``roles`` is built from on first read: ``system``/``developer`` for
+pair keys ``roles`` is built from on first read (``kinds_of``): ``system``/``developer`` for
 the pinned head, ``user`` only where a turn may start, ``assistant`` or ``tool`` for
 everything else. ``turn_roles`` holds the one rule the dialects share: a user item
 that stands inside a tool call/result pair does not open a turn, so dropping whole
@@ -11,7 +11,7 @@ turns from the front never splits a pair.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,10 +44,11 @@ class Conversation:
     """The tools in the chat form vLLM hands to the chat template (for counting)."""
     n: int = 1
     """Answers asked for per prompt."""
-    kinds: Sequence[str] = ()
-    """The role each item has on its own (``turn_roles``)."""
-    pair_keys: Sequence[Iterable[str]] = ()
-    """The pair ids each item carries (``turn_roles``)."""
+    kinds_of: Callable[[Conversation], tuple[Sequence[str], Sequence[Iterable[str]]]] | None = None
+    """Each item's own role and the pair ids it carries (``turn_roles``), worked out
+    from the items on the first read of ``roles`` where the dialect does not give the
+    roles outright (Responses, Messages): a prompt that fits and has no session never
+    needs them (docs/performance.md §5b)."""
     given_roles: list[Message] | None = None
     """The turn roles where the dialect has them outright (chat: its messages)."""
     plain_view: list[Message] | None = None
@@ -60,15 +61,19 @@ class Conversation:
     holds_tool_role: bool | None = None
     """Whether a turn role is ``tool``, where the parse saw every role (chat's); None:
     not known, ``roles`` is read to tell."""
+    holds_compaction: bool | None = None
+    """Whether an item is a compaction item or trigger, where the parse saw every item
+    (Responses'); None: not known, the items are read to tell."""
 
     @property
     def roles(self) -> list[Message]:
         """One ``{"role": r}`` per item: what trimming reads. Built on first read from
-        ``kinds`` and ``pair_keys`` where not given: a prompt that fits and has no
-        session never reads them (docs/performance.md §5b)."""
+        ``kinds_of`` where not given: a prompt that fits and has no session never reads
+        them (docs/performance.md §5b)."""
         roles = self.given_roles
         if roles is None:
-            roles = self.given_roles = turn_roles(self.kinds, self.pair_keys)
+            kinds, keys = ((), ()) if self.kinds_of is None else self.kinds_of(self)
+            roles = self.given_roles = turn_roles(kinds, keys)
         return roles
 
 

@@ -28,6 +28,7 @@ from proxy.types import JSONObject
 __all__ = [
     "COMPLETION_FIELD",
     "chat_tools",
+    "kinds_of",
     "parse",
     "parse_create",
     "render",
@@ -62,8 +63,7 @@ def parse(raw: bytes) -> Conversation:
         max_tokens=positive_int(body, COMPLETION_FIELD),
         user=_user(body),
         tools=None,
-        kinds=["system"] * len(head) + [_kind(m) for m in messages],
-        pair_keys=[()] * len(head) + [tuple(_pair_keys(m)) for m in messages],
+        kinds_of=kinds_of,
     )
     conv.tools = chat_tools(conv, range(len(conv.items)))
     return conv
@@ -117,6 +117,16 @@ def _system(body: JSONObject) -> Any:
     if isinstance(system, list) and all(isinstance(b, dict) for b in system):
         return system
     raise InvalidRequest("'system' must be a string or a list of text blocks.", param="system")
+
+
+def kinds_of(conv: Conversation) -> tuple[list[str], list[tuple[str, ...]]]:
+    """Each item's own role and pair keys (``turn_roles``), on the first read of the
+    turn roles: the system a system item, a ``tool_use`` and its ``tool_result``
+    paired by id, a user message of tool results alone a tool item."""
+    messages = conv.items[conv.head :]
+    kinds = ["system"] * conv.head + [_kind(m) for m in messages]
+    keys: list[tuple[str, ...]] = [()] * conv.head + [tuple(_pair_keys(m)) for m in messages]
+    return kinds, keys
 
 
 def _kind(message: JSONObject) -> str:

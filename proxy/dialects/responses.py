@@ -21,7 +21,11 @@ from proxy.errors import InvalidRequest
 from proxy.types import JSONObject
 
 __all__ = [
+    "COMPACTION_ITEM",
+    "COMPACTION_TRIGGER",
+    "COMPACTION_TYPES",
     "COMPLETION_FIELD",
+    "kinds_of",
     "parse",
     "render",
     "to_chat",
@@ -29,6 +33,11 @@ __all__ = [
 ]
 
 COMPLETION_FIELD = "max_output_tokens"
+#: The input item types of compaction (``proxy.compaction``): a compacted item, and
+#: the trigger that asks for one.
+COMPACTION_ITEM = "compaction"
+COMPACTION_TRIGGER = "compaction_trigger"
+COMPACTION_TYPES = (COMPACTION_ITEM, COMPACTION_TRIGGER)
 
 
 def parse(raw: bytes) -> Conversation:
@@ -52,9 +61,7 @@ def _build(body: JSONObject) -> Conversation:
             param="instructions",
         )
     head: list[object] = [instructions] if instructions else []
-    kinds = ["system"] * len(head)
-    keys: list[tuple[str, ...]] = [()] * len(head)
-    entries, plain = _input(body, kinds, keys)
+    entries, plain, compacts = _input(body)
     items = [*head, *entries]
     view = None
     if plain:  # the chat view is the items, the instructions a system message
@@ -71,38 +78,35 @@ def _build(body: JSONObject) -> Conversation:
         max_tokens=positive_int(body, COMPLETION_FIELD),
         user=_user(body),
         tools=chat_tools(body.get("tools")),
-        kinds=kinds,
-        pair_keys=keys,
+        kinds_of=kinds_of,
+        holds_compaction=compacts,
     )
 
 
-def _input(
-    body: JSONObject, kinds: list[str], keys: list[tuple[str, ...]]
-) -> tuple[list[Any], bool]:
-    """The input items, each checked, its own role appended to ``kinds`` and its pair
-    keys to ``keys``, and whether each is a chat message as it stands (``to_chat`` would
-    give it back): one pass, as every request pays it (docs/performance.md §5b)."""
+def _input(body: JSONObject) -> tuple[list[Any], bool, bool]:
+    """The input items, each checked; whether each is a chat message as it stands
+    (``to_chat`` would give it back), and whether one is a compaction item or trigger:
+    one pass, as every request pays it (docs/performance.md §5b). The items' kinds and
+    pair keys wait for the first read of the turn roles (``kinds_of``)."""
     if "input" not in body or body["input"] is None:
         raise InvalidRequest(
             "'input' is required: a string or a list of input items.", param="input"
         )
     value = body["input"]
     if isinstance(value, str):
-        kinds.append("user")
-        keys.append(())
-        return [value], False
+        return [value], False, False
     if not isinstance(value, list):
         raise InvalidRequest("'input' must be a string or a list of input items.", param="input")
     plain = True  # every item a chat message as it stands, so far
+    compacts = False
     before = None
     for i, item in enumerate(value):
         if not isinstance(item, dict):
             raise InvalidRequest(f"input[{i}] must be an object.", param="input")
         kind = item.get("type")
-        role = item.get("role")
         if kind is None or kind == "message":
+            role = item.get("role")
             if isinstance(role, str):
-                kinds.append(role)
                 if plain and role == "assistant":
                     # The chat view makes an assistant's text a bare message of its own,
                     # or merges it into the assistant's before (``to_chat``).
@@ -113,7 +117,6 @@ def _input(
                     )
                 before = role
             elif kind is None and "type" in item:  # an explicit null type asks no role
-                kinds.append("assistant")
                 plain = False
             else:
                 raise InvalidRequest(
@@ -122,8 +125,25 @@ def _input(
                     param="input",
                 )
         else:
-            kinds.append(_kind(item))
             plain = False
+            if kind in COMPACTION_TYPES:
+                compacts = True
+    # The body's own list: ``_build`` copies it once, behind the instructions.
+    return value, plain, compacts
+
+
+def kinds_of(conv: Conversation) -> tuple[list[str], list[tuple[str, ...]]]:
+    """Each item's own role and pair keys (``turn_roles``): the instructions a system
+    item, a call and its output paired by ``call_id``, an MCP approval request and its
+    response by the request's id."""
+    kinds = ["system"] * conv.head
+    keys: list[tuple[str, ...]] = [()] * conv.head
+    for item in conv.items[conv.head :]:
+        kinds.append(_kind(item))
+        if not isinstance(item, dict):
+            keys.append(())
+            continue
+        kind = item.get("type")
         if kind == "mcp_approval_request":
             key = item.get("id")
         elif kind == "mcp_approval_response":
@@ -131,8 +151,7 @@ def _input(
         else:
             key = item.get("call_id")
         keys.append((key,) if isinstance(key, str) else ())
-    # The body's own list: ``_build`` copies it once, behind the instructions.
-    return value, plain
+    return kinds, keys
 
 
 def session_roles(conv: Conversation) -> list[str]:

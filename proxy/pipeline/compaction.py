@@ -87,7 +87,9 @@ async def step(
     body = conv.body
     value = body.get("input")
     threshold = _threshold(body)
-    if not carries(value) and threshold is None:
+    # The parse saw every item on its way (``Conversation.holds_compaction``).
+    held = conv.holds_compaction
+    if not (carries(value) if held is None else held) and threshold is None:
         return Step(conv, raw)
     seal, key = sealer(request), client_key(request.headers)
     items = expand(seal, svc.metrics, as_items(value), key)

@@ -33,8 +33,6 @@ _HIGH = bytes(range(128, 256))
 # cl100k spends about 1.2 tokens on a Chinese character, Llama 3 about 1.1, Qwen
 # about 0.7: the bound takes the high end.
 _CJK_WEIGHT = 1.3
-# A long message is estimated once: chat clients resend the whole history.
-_CACHE_MIN_CHARS = 256
 _CACHE_BYTES = 16 * 1024 * 1024
 
 # Chat-format framing per message (<|im_start|>role\n ... <|im_end|>\n and the like)
@@ -119,37 +117,36 @@ class ApproxCounter:
             overhead += estimate_text(orjson.dumps(list(tools)).decode())
         # This runs on every request over every message: one loop with everything
         # bound once, and on the common message (role and a text) no Python call but
-        # the estimate itself, and that only for text not seen before. A fresh
-        # string's hash (every byte once) is still several times cheaper than
-        # estimating it, ASCII included.
+        # the estimate itself, and that only for text not seen before. Every text is
+        # kept, short ones too: clients resend the whole history, and a fresh
+        # string's hash (every byte once) and the lookup cost a sixth of estimating
+        # it (docs/performance.md §6).
         texts = self._texts
         lookup, touch = texts.lookups()
         estimate = estimate_text
         framing = MESSAGE_OVERHEAD
-        min_chars = _CACHE_MIN_CHARS
         per_message: list[int] = []
         append = per_message.append
+        fresh: list[tuple[str, int]] = []
         hits = 0
         for message in messages:
             content = message.get("content")
-            # len 2: role and content only. Plain str only: what JSON gives; a
-            # subclass goes the long way, to the same estimate.
-            if content.__class__ is str and len(message) == 2:
-                if len(content) >= min_chars:
-                    tokens = lookup(content)  # the message's count, framing included
-                    if tokens is None:
-                        tokens = framing + estimate(content)
-                        texts.put(content, tokens)
-                        texts.misses += 1
-                    else:
-                        touch(content)
-                        hits += 1
-                    append(tokens)
-                    continue
-                if "role" in message:  # then nothing else estimate_message would read
-                    append(framing + estimate(content))
-                    continue
+            # Role and a text only (then nothing else estimate_message would read).
+            # Plain str only: what JSON gives; a subclass goes the long way, to the
+            # same estimate.
+            if content.__class__ is str and len(message) == 2 and "role" in message:
+                tokens = lookup(content)  # the message's count, framing included
+                if tokens is None:
+                    tokens = framing + estimate(content)
+                    fresh.append((content, tokens))
+                else:
+                    touch(content)
+                    hits += 1
+                append(tokens)
+                continue
             append(estimate_message(message))
+        if fresh:
+            texts.put_many(fresh)
         texts.hits += hits
         return PromptCount(tuple(per_message), overhead)
 

@@ -69,6 +69,26 @@ class ByteLRU(Generic[K, V]):
             evicted, _ = self._data.popitem(last=False)
             self.bytes -= self.weigh(evicted)
 
+    def put_many(self, pairs: list[tuple[K, V]]) -> None:
+        """``put`` of each pair, counted as misses: one call for a loop's new keys, the
+        eviction checked once at the end (docs/performance.md §6)."""
+        data = self._data
+        limit = self.max_bytes
+        added = 0
+        for key, value in pairs:
+            weight = sys.getsizeof(key) + ENTRY_OVERHEAD
+            if weight > limit:
+                continue
+            if data.pop(key, None) is not None:
+                added -= weight
+            data[key] = value
+            added += weight
+        self.misses += len(pairs)
+        self.bytes += added
+        while self.bytes > limit:
+            evicted, _ = data.popitem(last=False)
+            self.bytes -= self.weigh(evicted)
+
     def clear(self) -> None:
         self._data.clear()
         self.bytes = 0

@@ -14,6 +14,7 @@ import pytest
 from proxy.compaction.fold import fold, unfold
 from proxy.compaction.items import carries, expand, make
 from proxy.compaction.seal import PREFIX, CompactionRefused, Sealer, key_from_text
+from proxy.dialects import responses
 from proxy.ladder import placeholder
 from proxy.metrics import Metrics
 from proxy.tokens.approx import estimate_text
@@ -138,3 +139,22 @@ def test_key_from_text() -> None:
 )
 def test_carries_finds_an_item_or_a_trigger_anywhere(value: Any, found: bool) -> None:
     assert carries(value) is found
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        [user("a"), {"type": "compaction", "encrypted_content": "x"}],
+        [{"type": "compaction_trigger"}, user("a")],
+        [user("a"), {"role": "assistant", "content": "b"}, {"type": "function_call"}],
+        [user("a"), {"type": ["compaction"]}, {"type": {"a": 1}}, {"type": 3}],
+        [user("a"), {"role": "assistant", "content": "b"}],
+        "compaction",
+        [],
+    ],
+)
+def test_the_responses_parse_tells_what_carries_tells(value: Any) -> None:
+    """The parse notes a compaction item on its way (the step asks it, not ``carries``),
+    and an odd ``type`` is read, never an error."""
+    conv = responses.parse(orjson.dumps({"model": "m", "input": value}))
+    assert conv.holds_compaction is carries(value)

@@ -31,14 +31,15 @@ MESSAGES: list[Message] = [
     {"role": "user", "content": "short, 12 digits 123456789012"},
     {"role": "user", "content": "短い日本語"},
     {"role": "user", "content": ""},
-    {"role": "user", "content": "x" * 255},  # just under the cache threshold
-    {"role": "user", "content": "7" * 256},  # just at it
+    {"role": "user", "content": "x" * 255},
+    {"role": "user", "content": "7" * 256},
     {"role": "assistant", "content": None},
     {"role": "assistant"},
     {"role": "user", "content": [{"type": "text", "text": LONG}, {"type": "image_url"}]},
     {"role": "user", "content": {"odd": "shape"}},
     {"role": "user", "content": LONG, "name": "alice"},
     {"role": "user", "content": "hi", "name": "bob"},
+    {"content": LONG, "name": "carol"},  # two keys, but no role: its name is counted
     {
         "role": "assistant",
         "content": LONG,
@@ -87,7 +88,7 @@ async def test_tools_are_overhead_and_messages_unchanged() -> None:
     assert with_tools.overhead > without.overhead == REPLY_PRIMING
 
 
-async def test_long_plain_texts_are_cached_and_counted() -> None:
+async def test_plain_texts_are_cached_and_counted() -> None:
     counter = ApproxCounter()
     texts = counter._texts
     plain = [{"role": "user", "content": t} for t in (LONG, DIGITS, CJK)]
@@ -95,9 +96,10 @@ async def test_long_plain_texts_are_cached_and_counted() -> None:
     assert (texts.hits, texts.misses, len(texts)) == (0, 3, 3)
     await counter.count(fresh(plain))
     assert (texts.hits, texts.misses, len(texts)) == (3, 3, 3)
-    # Short texts and other shapes are estimated, not cached.
+    # Short plain texts are kept too (clients resend them); other shapes are estimated.
     await counter.count(fresh(MESSAGES[5:]))
-    assert len(texts) == 4  # only "7" * 256 among them is plain and long enough
+    assert len(texts) == 8  # "short, ...", "短い日本語", "", "x" * 255 and "7" * 256
+    assert (texts.hits, texts.misses) == (3, 8)
 
 
 async def test_the_text_cache_stays_within_its_bytes() -> None:
@@ -131,6 +133,29 @@ def test_get_makes_a_hit_the_newest_and_counts_hits_and_misses() -> None:
     cache.put("k3", 3)  # k0 was touched, so k1 is now the oldest and goes
     assert cache.get("k1") is None and cache.get("k0") == 0
     assert (cache.hits, cache.misses) == (2, 2)
+
+
+def test_put_many_is_put_of_each_pair_counted_as_misses() -> None:
+    weight = ByteLRU.weigh("k0")
+    many: ByteLRU[str, int] = ByteLRU(max_bytes=3 * weight)
+    one: ByteLRU[str, int] = ByteLRU(max_bytes=3 * weight)
+    one.put("k0", 0)
+    many.put("k0", 0)
+    pairs = [("k1", 1), ("k2", 2), ("k1", 10), ("k3", 3), ("x" * 10_000, 4)]
+    for key, value in pairs:
+        one.put(key, value)
+    many.put_many(pairs)  # k1 again: replaced, weighed once; the huge key: not kept
+    assert (
+        list(many._data.items())
+        == list(one._data.items())
+        == [
+            ("k2", 2),
+            ("k1", 10),
+            ("k3", 3),
+        ]
+    )
+    assert many.bytes == one.bytes == 3 * weight
+    assert (many.hits, many.misses) == (0, len(pairs))
 
 
 def test_lookups_are_get_taken_apart() -> None:
