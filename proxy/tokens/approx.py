@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
@@ -58,38 +58,63 @@ def estimate_text(text: str) -> int:
     return math.ceil(latin / 3.2 + digits + cjk * _CJK_WEIGHT + (non_ascii - cjk) / 2)
 
 
-def _content_tokens(content: Any) -> int:
+def _content_tokens(content: Any, text: Callable[[str], int]) -> int:
     if content is None:
         return 0
     if isinstance(content, str):
-        return estimate_text(content)
+        return text(content)
     if isinstance(content, list):
         total = 0
         for part in content:
             if isinstance(part, dict):
                 if isinstance(part.get("text"), str):
-                    total += estimate_text(part["text"])
+                    total += text(part["text"])
                 elif part.get("type") in ("image_url", "input_image", "image"):
                     total += IMAGE_TOKENS
                 else:
-                    total += estimate_text(orjson.dumps(part).decode())
+                    total += text(orjson.dumps(part).decode())
             elif isinstance(part, str):
-                total += estimate_text(part)
+                total += text(part)
         return total
-    return estimate_text(orjson.dumps(content).decode())
+    return text(orjson.dumps(content).decode())
 
 
-def estimate_message(message: Message) -> int:
-    tokens = MESSAGE_OVERHEAD + _content_tokens(message.get("content"))
+def estimate_message(message: Message, text: Callable[[str], int] = estimate_text) -> int:
+    """A message's tokens: its framing and every text in it, each estimated by ``text``
+    (the counter puts its cache in front of ``estimate_text``)."""
+    return MESSAGE_OVERHEAD + _content_tokens(message.get("content"), text) + _other(message, text)
+
+
+def _other(message: Message, text: Callable[[str], int]) -> int:
+    """The tokens of a message's texts beside its content: its calls, name, ids."""
+    tokens = 0
     for key in ("tool_calls", "function_call"):
         value = message.get(key)
         if value:
-            tokens += estimate_text(orjson.dumps(value).decode())
+            tokens += text(orjson.dumps(value).decode())
     for key in ("name", "tool_call_id", "reasoning_content"):
         value = message.get(key)
         if isinstance(value, str):
-            tokens += estimate_text(value)
+            tokens += text(value)
     return tokens
+
+
+def _through(texts: ByteLRU[str, int], fresh: list[tuple[str, int]]) -> Callable[[str], int]:
+    """``estimate_text`` behind ``texts``: a text seen before is looked up (a hit), a new
+    one estimated and added to ``fresh``, which the count puts in at its end."""
+    lookup, touch = texts.lookups()
+
+    def cached(text: str) -> int:
+        tokens = lookup(text)
+        if tokens is None:
+            tokens = estimate_text(text)
+            fresh.append((text, tokens))
+        else:
+            touch(text)
+            texts.hits += 1
+        return tokens
+
+    return cached
 
 
 class ApproxCounter:
@@ -112,39 +137,56 @@ class ApproxCounter:
         tools: Sequence[JSONObject] | None = None,
         model: str | None = None,
     ) -> PromptCount:
-        overhead = REPLY_PRIMING
-        if tools:
-            overhead += estimate_text(orjson.dumps(list(tools)).decode())
         # This runs on every request over every message: one loop with everything
         # bound once, and on the common message (role and a text) no Python call but
         # the estimate itself, and that only for text not seen before. Every text is
-        # kept, short ones too: clients resend the whole history, and a fresh
-        # string's hash (every byte once) and the lookup cost a sixth of estimating
-        # it (docs/performance.md §6).
+        # kept, short ones too, and the texts of every other message (an agent's tool
+        # outputs, its calls' JSON, their ids): clients resend the whole history, and
+        # a fresh string's hash (every byte once) and the lookup cost a sixth of
+        # estimating it (docs/performance.md §6). The cache holds each text's estimate,
+        # the framing added here.
         texts = self._texts
         lookup, touch = texts.lookups()
         estimate = estimate_text
+        other = _other
         framing = MESSAGE_OVERHEAD
         per_message: list[int] = []
         append = per_message.append
         fresh: list[tuple[str, int]] = []
         hits = 0
+        # The other messages' texts (and the tools') through the cache, the function
+        # built once a count and only when one is met: a closure here would make the
+        # loop's names cells, which the plain loop would pay for on every message.
+        cached: Callable[[str], int] | None = None
+        overhead = REPLY_PRIMING
+        if tools:  # an agent sends the same tools, often tens of kB, on every turn
+            cached = _through(texts, fresh)
+            overhead += cached(orjson.dumps(list(tools)).decode())
         for message in messages:
             content = message.get("content")
-            # Role and a text only (then nothing else estimate_message would read).
-            # Plain str only: what JSON gives; a subclass goes the long way, to the
-            # same estimate.
-            if content.__class__ is str and len(message) == 2 and "role" in message:
-                tokens = lookup(content)  # the message's count, framing included
+            # A text content, the common one, looked up here without a call: a plain
+            # message (role and text) needs nothing more, any other the texts beside
+            # it. Plain str only: what JSON gives; a subclass goes the long way, to
+            # the same estimate.
+            if content.__class__ is str:
+                tokens = lookup(content)
                 if tokens is None:
-                    tokens = framing + estimate(content)
+                    tokens = estimate(content)
                     fresh.append((content, tokens))
                 else:
                     touch(content)
                     hits += 1
-                append(tokens)
+                if len(message) == 2 and "role" in message:
+                    append(framing + tokens)
+                    continue
+                # A tool output, a named message: the texts beside the content.
+                if cached is None:
+                    cached = _through(texts, fresh)
+                append(framing + tokens + other(message, cached))
                 continue
-            append(estimate_message(message))
+            if cached is None:
+                cached = _through(texts, fresh)
+            append(estimate_message(message, cached))
         if fresh:
             texts.put_many(fresh)
         texts.hits += hits

@@ -5,9 +5,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
 
-from proxy.tokens.approx import MESSAGE_OVERHEAD, REPLY_PRIMING, ApproxCounter, estimate_message
+from proxy.tokens.approx import (
+    MESSAGE_OVERHEAD,
+    REPLY_PRIMING,
+    ApproxCounter,
+    estimate_message,
+    estimate_text,
+)
 from proxy.tokens.cache import ByteLRU
 from proxy.types import Message
 
@@ -86,6 +93,10 @@ async def test_tools_are_overhead_and_messages_unchanged() -> None:
     without = await counter.count(MESSAGES)
     assert with_tools.per_message == without.per_message
     assert with_tools.overhead > without.overhead == REPLY_PRIMING
+    # The same tools again (an agent sends them every turn): read from the cache.
+    hits = counter._texts.hits
+    again = await counter.count([], tools=orjson.loads(orjson.dumps(tools)))
+    assert (again.overhead, counter._texts.hits) == (with_tools.overhead, hits + 1)
 
 
 async def test_plain_texts_are_cached_and_counted() -> None:
@@ -96,10 +107,28 @@ async def test_plain_texts_are_cached_and_counted() -> None:
     assert (texts.hits, texts.misses, len(texts)) == (0, 3, 3)
     await counter.count(fresh(plain))
     assert (texts.hits, texts.misses, len(texts)) == (3, 3, 3)
-    # Short plain texts are kept too (clients resend them); other shapes are estimated.
-    await counter.count(fresh(MESSAGES[5:]))
-    assert len(texts) == 8  # "short, ...", "短い日本語", "", "x" * 255 and "7" * 256
-    assert (texts.hits, texts.misses) == (3, 8)
+
+
+async def test_every_text_of_every_message_is_cached() -> None:
+    """Short texts, tool outputs, calls' JSON, ids, names, parts: each text the estimate
+    reads is kept, so a resent history is estimated once."""
+    counter = ApproxCounter()
+    texts = counter._texts
+    read: list[str] = []
+
+    def record(text: str) -> int:
+        read.append(text)
+        return estimate_text(text)
+
+    for message in MESSAGES:
+        estimate_message(message, record)
+    first = await counter.count(fresh(MESSAGES))
+    assert set(texts._data) == set(read)
+    assert (texts.hits + texts.misses, len(texts)) == (len(read), len(set(read)))
+    misses = texts.misses
+    again = await counter.count(fresh(MESSAGES))
+    assert again == first
+    assert (texts.misses, texts.hits) == (misses, len(read) - misses + len(read))
 
 
 async def test_the_text_cache_stays_within_its_bytes() -> None:
