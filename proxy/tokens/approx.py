@@ -137,14 +137,11 @@ class ApproxCounter:
         tools: Sequence[JSONObject] | None = None,
         model: str | None = None,
     ) -> PromptCount:
-        # This runs on every request over every message: one loop with everything
-        # bound once, and on the common message (role and a text) no Python call but
-        # the estimate itself, and that only for text not seen before. Every text is
-        # kept, short ones too, and the texts of every other message (an agent's tool
-        # outputs, its calls' JSON, their ids): clients resend the whole history, and
-        # a fresh string's hash (every byte once) and the lookup cost a sixth of
-        # estimating it (docs/performance.md §6). The cache holds each text's estimate,
-        # the framing added here.
+        # Every request, every message: one loop with everything bound once, and on
+        # the common message (role and a text) no Python call but the estimate of a
+        # text not seen before. Every text is kept (tool outputs, calls' JSON, ids
+        # too): clients resend the history, and a fresh string's hash and lookup cost
+        # a sixth of its estimate (docs/performance.md §6). The framing is added here.
         texts = self._texts
         lookup, touch = texts.lookups()
         estimate = estimate_text
