@@ -20,17 +20,15 @@ from proxy.dialects.responses import COMPACTION_ITEM, COMPACTION_TRIGGER, COMPAC
 from proxy.metrics import Metrics
 from proxy.types import JSONObject
 
-ITEM = COMPACTION_ITEM
-TRIGGER = COMPACTION_TRIGGER
 _VERSION = 1
 
 
 def is_item(item: Any) -> bool:
-    return isinstance(item, dict) and item.get("type") == ITEM
+    return isinstance(item, dict) and item.get("type") == COMPACTION_ITEM
 
 
 def is_trigger(item: Any) -> bool:
-    return isinstance(item, dict) and item.get("type") == TRIGGER
+    return isinstance(item, dict) and item.get("type") == COMPACTION_TRIGGER
 
 
 def as_items(value: Any) -> list[Any]:
@@ -68,7 +66,7 @@ def make(
         token = sealer.seal(orjson.dumps({"v": _VERSION, "items": []}), client_key)
         assert token is not None
     metrics.compactions.labels(form).inc()
-    item: JSONObject = {"type": ITEM, "id": new_id("cmp"), "encrypted_content": token}
+    item: JSONObject = {"type": COMPACTION_ITEM, "id": new_id("cmp"), "encrypted_content": token}
     return [_as_output(x) for x in items if is_kept(x)], item
 
 

@@ -57,36 +57,30 @@ class ByteLRU(Generic[K, V]):
         return self._data.get, self._data.move_to_end
 
     def put(self, key: K, value: V) -> None:
-        weight = self.weigh(key)
-        if weight > self.max_bytes:
-            return  # larger than the whole budget: not worth evicting everything for
-        old = self._data.pop(key, None)
-        if old is not None:
-            self.bytes -= weight
-        self._data[key] = value
-        self.bytes += weight
-        while self.bytes > self.max_bytes:
-            evicted, _ = self._data.popitem(last=False)
-            self.bytes -= self.weigh(evicted)
+        self._add(key, value)
+        self._shrink()
 
     def put_many(self, pairs: list[tuple[K, V]]) -> None:
         """``put`` of each pair, counted as misses: one call for a loop's new keys, the
-        eviction checked once at the end (docs/performance.md §6)."""
-        data = self._data
-        limit = self.max_bytes
-        added = 0
+        eviction done once at the end (docs/performance.md §6)."""
         for key, value in pairs:
-            weight = sys.getsizeof(key) + ENTRY_OVERHEAD
-            if weight > limit:
-                continue
-            if data.pop(key, None) is not None:
-                added -= weight
-            data[key] = value
-            added += weight
+            self._add(key, value)
         self.misses += len(pairs)
-        self.bytes += added
-        while self.bytes > limit:
-            evicted, _ = data.popitem(last=False)
+        self._shrink()
+
+    def _add(self, key: K, value: V) -> None:
+        weight = self.weigh(key)
+        if weight > self.max_bytes:
+            return  # larger than the whole budget: not worth evicting everything for
+        if self._data.pop(key, None) is not None:
+            self.bytes -= weight
+        self._data[key] = value
+        self.bytes += weight
+
+    def _shrink(self) -> None:
+        """The oldest entries out until the map is within its bytes."""
+        while self.bytes > self.max_bytes:
+            evicted, _ = self._data.popitem(last=False)
             self.bytes -= self.weigh(evicted)
 
     def clear(self) -> None:
